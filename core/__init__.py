@@ -1,0 +1,38 @@
+"""ensemble-llm core: decode-time ensembles of local LLMs with different tokenizers.
+
+Public API::
+
+    from ensemble_core import Ensemble, HFMember
+    from ensemble_core.methods import Single
+"""
+
+from ensemble_core.ensemble import Ensemble
+from ensemble_core.errors import (
+    ConfigError,
+    EnsembleError,
+    MissingPackageError,
+    ModelLoadError,
+    TemplateError,
+    UnknownNameError,
+)
+from ensemble_core.members.base import Member
+from ensemble_core.members.hf import HFMember
+from ensemble_core.results import GenerationResult, GenerationStats, MemberStats, MemberUsage, StreamChunk, Usage
+
+__all__ = [
+    "ConfigError",
+    "Ensemble",
+    "EnsembleError",
+    "GenerationResult",
+    "GenerationStats",
+    "HFMember",
+    "Member",
+    "MemberStats",
+    "MemberUsage",
+    "MissingPackageError",
+    "ModelLoadError",
+    "StreamChunk",
+    "TemplateError",
+    "UnknownNameError",
+    "Usage",
+]

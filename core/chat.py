@@ -1,0 +1,121 @@
+"""A prompt (raw text or a conversation) -> one member's own prompt token ids.
+
+Every member renders the conversation with ITS OWN chat template: the ensemble never writes
+a template by hand, and members with different templates see the same conversation in
+their own format. Rules:
+
+* a `str` prompt is raw completion: the tokenizer's own special tokens (e.g. Gemma's `<bos>`)
+  are added, no template is applied;
+* a list of messages goes through the member's chat template with the generation prompt;
+* BOS appears exactly once: the template's text is encoded without special tokens, and the
+  tokenizer's BOS is put in front only if the tokenizer normally adds one and the template
+  did not already write it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import jinja2
+from ensemble_core.errors import ConfigError, TemplateError
+
+Message: TypeAlias = Mapping[str, Any]
+Prompt: TypeAlias = str | Sequence[Message]
+
+
+def validate_prompt(prompt: Any, where: str = "prompt") -> None:
+    """Reject a prompt that no member could render, before any model work."""
+    if isinstance(prompt, str):
+        return
+    if not isinstance(prompt, Sequence) or isinstance(prompt, bytes):
+        raise ConfigError(
+            f"`{where}` must be a string (raw completion) or a list of messages "
+            f"({{'role': ..., 'content': ...}}), but is {type(prompt).__name__}."
+        )
+    if len(prompt) == 0:
+        raise ConfigError(f"`{where}` is an empty list of messages; give at least one message.")
+    for index, message in enumerate(prompt):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise ConfigError(
+                f"`{where}[{index}]` must be a mapping with a string 'role' (and usually 'content'), "
+                f"but is {message!r:.80}."
+            )
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def adds_bos(tokenizer: Any) -> bool:
+    """Whether plain encoding puts the tokenizer's BOS in front (probed, not assumed)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tokenizer.encode("a", add_special_tokens=True)
+    return bool(ids) and ids[0] == bos
+
+
+def render_prompt(
+    tokenizer: Any,
+    prompt: Prompt,
+    member_name: str,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """The member's prompt ids for `prompt` (see the module docstring for the rules).
+
+    Raises:
+        TemplateError: messages were given but the member has no chat template, or its
+            template rejected the conversation (the template's own message is kept).
+    """
+    validate_prompt(prompt)
+    if isinstance(prompt, str):
+        if tools:
+            raise TemplateError(
+                f"Tools need a conversation: member {member_name!r} got a raw string prompt. "
+                "Pass a list of messages instead."
+            )
+        return list(tokenizer.encode(prompt, add_special_tokens=True))
+    if not has_chat_template(tokenizer):
+        raise TemplateError(
+            f"Member {member_name!r} has no chat template, so it cannot take a list of messages. "
+            "Pass a plain string prompt (raw completion), or load the member with "
+            "`chat_template=...` (a Jinja template string)."
+        )
+    messages = [dict(copy.deepcopy(m)) for m in prompt]  # never hand the caller's objects to Jinja
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as error:  # Jinja raises TemplateError, TypeError, ... depending on the template
+        raise TemplateError(
+            f"The chat template of member {member_name!r} rejected the conversation: {error}"
+        ) from error
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if adds_bos(tokenizer) and (not ids or ids[0] != bos):
+        ids.insert(0, bos)
+    return ids
+
+
+def chat_end_token_ids(tokenizer: Any) -> set[int]:
+    """Special tokens the chat template writes right after an assistant turn (`<|im_end|>`).
+
+    Found by rendering a tiny conversation, so no template or model name is hard-coded.
+    """
+    if not has_chat_template(tokenizer):
+        return set()
+    marker = "ZqXmarkerQz"
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError):
+        return set()  # a template that insists on more (tools, a system turn) reveals nothing here
+    if marker not in text:
+        return set()
+    after = text.split(marker, 1)[1]
+    ids = tokenizer.encode(after, add_special_tokens=False)[:1]
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= {i for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items() if t.special}
+    return {i for i in ids if i in special}

@@ -1,0 +1,92 @@
+"""Validated generation settings: bad values fail here, with the field and the fix named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ensemble_core.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+
+class GenerationSettings(BaseModel):
+    """What one `generate`/`stream`/`generate_batch` call asks for.
+
+    Attributes:
+        max_new_tokens: the most tokens to commit (counted as the method commits them:
+            one per step for token-level methods).
+        stop: strings that end generation when they appear in the text; matched on text
+            across token boundaries and not included in the result.
+        temperature: 0 means greedy; above 0, sample from softmax(logits / temperature).
+        top_p: nucleus sampling: keep the smallest set of tokens whose mass reaches top_p.
+        seed: makes sampling reproducible; each prompt gets its own generator seeded with
+            it, so a prompt's text does not depend on what else is in the batch.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _positive_tokens(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError(f"`max_new_tokens` has to be a positive integer, but is {value}")
+        return value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, value: Any) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        items = [value] if isinstance(value, str) else list(value)
+        for item in items:
+            if not isinstance(item, str) or not item:
+                raise ValueError(f"`stop` must hold non-empty strings, but holds {item!r}")
+        return tuple(dict.fromkeys(items))
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float) -> float:
+        if not value >= 0.0:
+            raise ValueError(f"`temperature` has to be >= 0 (0 means greedy), but is {value}")
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, value: float) -> float:
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"`top_p` has to be in (0, 1], but is {value}")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int | None) -> int | None:
+        if value is not None and value < 0:
+            raise ValueError(f"`seed` has to be a non-negative integer or None, but is {value}")
+        return value
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def build_settings(**values: Any) -> GenerationSettings:
+    """`GenerationSettings(**values)`, with pydantic's report turned into one `ConfigError`."""
+    try:
+        return GenerationSettings(**values)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            field = ".".join(str(part) for part in item["loc"]) or "settings"
+            message = item["msg"].removeprefix("Value error, ")
+            if item["type"] == "extra_forbidden":
+                known = ", ".join(GenerationSettings.model_fields)
+                message = f"`{field}` is not a generation setting; known settings: {known}"
+            elif not message.startswith("`"):
+                message = f"`{field}`: {message} (got {item.get('input')!r})"
+            problems.append(message)
+        raise ConfigError("; ".join(problems) + ".") from None

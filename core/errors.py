@@ -1,0 +1,45 @@
+"""One exception root for everything ensemble-llm raises on purpose.
+
+Tree (catch `EnsembleError` to catch them all)::
+
+    EnsembleError
+    ├── ConfigError(ValueError)          a parameter or input is invalid; raised before model work
+    │   └── UnknownNameError(KeyError)   a packaged model, member, method or device name is unknown
+    ├── MissingPackageError(ImportError) an optional package or a model package is not installed
+    ├── ModelLoadError(OSError)          a model or tokenizer could not be loaded or prepared
+    └── TemplateError(ValueError)        a conversation cannot be rendered by a member's chat template
+
+Errors raised by transformers, tokenizers or torch while loading are wrapped in
+`ModelLoadError` (the original stays available as `__cause__`), so callers never need to
+know which library failed.
+"""
+
+from __future__ import annotations
+
+
+class EnsembleError(Exception):
+    """Root of every error ensemble-llm raises on purpose."""
+
+
+class ConfigError(EnsembleError, ValueError):
+    """A parameter or an input is invalid; the message names it, its value and the fix."""
+
+
+class UnknownNameError(ConfigError, KeyError):
+    """A name (packaged model, member, method, device) is not one we know."""
+
+    def __str__(self) -> str:
+        # KeyError would otherwise wrap the message in quotes.
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingPackageError(EnsembleError, ImportError):
+    """A package is not installed; the message carries the exact install command."""
+
+
+class ModelLoadError(EnsembleError, OSError):
+    """A model or tokenizer could not be loaded, converted or cached."""
+
+
+class TemplateError(EnsembleError, ValueError):
+    """A conversation cannot be rendered into a prompt by a member's chat template."""

@@ -1,0 +1,38 @@
+"""The one interface every ensemble member offers, whatever runs the model."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ensemble_core.chat import Prompt
+from ensemble_core.members.text_sync import MemberSession
+from ensemble_core.vocab import TokenTable
+
+
+class Member(ABC):
+    """One model behind the interface methods use.
+
+    A member renders prompts in its own format, knows which of its ids end a sequence, and
+    opens a `MemberSession` (its KV cache for a batch of rows, kept in step with the
+    committed text). Methods never touch a model directly.
+    """
+
+    name: str
+    tokenizer: Any
+    table: TokenTable
+    eos_token_ids: frozenset[int]
+    context_window: int
+    logits_width: int
+
+    @abstractmethod
+    def render(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """This member's prompt ids for a raw string or a conversation."""
+
+    @abstractmethod
+    def start(self, prompts: Sequence[Sequence[int]]) -> MemberSession:
+        """A session over a batch of rendered prompts (nothing is forwarded yet)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"

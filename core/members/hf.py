@@ -1,0 +1,138 @@
+"""`HFMember`: a local Hugging Face causal LM (packaged name, hub id or folder) as a member."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from ensemble_core import packaged
+from ensemble_core.chat import Prompt, chat_end_token_ids, render_prompt
+from ensemble_core.devices import resolve_device, resolve_dtype
+from ensemble_core.errors import ConfigError, ModelLoadError
+from ensemble_core.members.base import Member
+from ensemble_core.members.kv_batch import KVBatch
+from ensemble_core.members.text_sync import DEFAULT_TAIL_TOKENS, ExactEncoder, MemberSession
+from ensemble_core.vocab import token_table
+
+# Special tokens that mean "end of text" in the families we know. A tokenizer gets these as
+# extra end ids only when it has them AS SPECIAL TOKENS (data, not a model-name check):
+# e.g. Qwen's `<|endoftext|>`, which its generation config lists beside `<|im_end|>`.
+END_TOKEN_STRINGS = (
+    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>", "</s>", "<eos>",
+)
+
+
+def _as_id_set(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+def collect_eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Every id that ends a sequence: generation config, tokenizer, chat-turn end, known end tokens."""
+    ids = _as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    ids |= _as_id_set(getattr(model.config, "eos_token_id", None))
+    ids |= _as_id_set(getattr(tokenizer, "eos_token_id", None))
+    ids |= chat_end_token_ids(tokenizer)
+    special = {t.content: i for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items() if t.special}
+    ids |= {special[s] for s in END_TOKEN_STRINGS if s in special}
+    return frozenset(ids)
+
+
+def _source_folder(name_or_path: str) -> tuple[str | Path, str | None]:
+    """A packaged name -> its prepared folder; anything else is passed to transformers as is."""
+    if name_or_path in packaged.PACKAGED_MODELS:
+        return packaged.model_path(name_or_path), name_or_path
+    return name_or_path, None
+
+
+def _default_name(name_or_path: str) -> str:
+    return Path(name_or_path.rstrip("/")).name or name_or_path
+
+
+class HFMember(Member):
+    """A Hugging Face causal LM with its tokenizer, ready to take part in an ensemble.
+
+    Build it with `HFMember.from_pretrained(...)`, or wrap an already loaded model and
+    tokenizer with `HFMember(model, tokenizer, name=...)`.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str, *, tail_tokens: int = DEFAULT_TAIL_TOKENS):
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"`name` must be a non-empty string, but is {name!r}.")
+        if tail_tokens < 1:
+            raise ConfigError(f"`tail_tokens` has to be a positive integer, but is {tail_tokens}.")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.table = token_table(tokenizer)
+        self.eos_token_ids = collect_eos_ids(model, tokenizer)
+        self.context_window = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+        self.logits_width = int(model.get_output_embeddings().weight.shape[0])
+        self._encoder = ExactEncoder(tokenizer, self.table)
+        self._tail_tokens = tail_tokens
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self._pad_id = int(pad) if pad is not None else min(self.eos_token_ids, default=0)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = "auto",
+        name: str | None = None,
+        chat_template: str | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+    ) -> HFMember:
+        """Load a member from a packaged name, a Hugging Face Hub id or a local folder.
+
+        Args:
+            name_or_path: e.g. "qwen2.5-coder-0.5b-instruct" (packaged, see
+                `ensemble-llm models list`), "HuggingFaceTB/SmolLM2-135M-Instruct" or "./my-model".
+            device: "cpu", "cuda", "cuda:1", ...; default: the first GPU if any, else the CPU.
+            dtype: "auto" (the checkpoint's), "bfloat16", "float16", "float32" or a torch.dtype.
+            name: how methods and results refer to this member (default: the last path part).
+            chat_template: a Jinja chat template for models that lack one.
+            model_kwargs: passed on to `AutoModelForCausalLM.from_pretrained` (e.g. attn_implementation).
+
+        Raises:
+            ConfigError: bad device/dtype (checked before any file is read).
+            UnknownNameError / MissingPackageError: see `ensemble_core.packaged`.
+            ModelLoadError: transformers could not load the model or tokenizer.
+        """
+        if not isinstance(name_or_path, str) or not name_or_path:
+            raise ConfigError(f"`name_or_path` must be a non-empty string, but is {name_or_path!r}.")
+        target_device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype)
+        folder, packaged_name = _source_folder(name_or_path)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **dict(model_kwargs or {}))
+        except (OSError, ValueError, KeyError, ImportError) as error:
+            raise ModelLoadError(
+                f"Could not load {name_or_path!r} as a Hugging Face causal LM: {error}\n"
+                "Pass a packaged name (see `ensemble-llm models list`), a local folder with config.json, "
+                "or a Hub id that is in your Hugging Face cache when offline."
+            ) from error
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
+        model.to(target_device)
+        return cls(model, tokenizer, name or packaged_name or _default_name(name_or_path))
+
+    def render(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        return render_prompt(self.tokenizer, prompt, self.name, tools)
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> MemberSession:
+        batch = KVBatch(self.model, prompts, pad_token_id=self._pad_id)
+        return MemberSession(batch, self.table, self._encoder, self._tail_tokens)

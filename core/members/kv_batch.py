@@ -1,0 +1,285 @@
+"""A batch of token sequences of different lengths over one shared KV cache.
+
+Every method needs the same few moves on each member: prefill prompts, read next-token
+logits, append tokens, roll back (crop), and score several candidate continuations. This
+module does them for a whole batch at once, with the cache kept, so no method ever
+re-prefills a prefix.
+
+How the batch is laid out: the cache has one column ("slot") per forwarded position, shared
+by all rows. Each row owns an ordered list of slots holding its tokens; every other slot is
+masked out for that row (attention mask 0). Prompts are left-padded; a row that appends
+fewer tokens than another in the same forward gets masked pad slots in front of its new
+tokens, so every row's latest token sits in the last column and its next-token logits are
+`logits[:, -1]`. Position ids are given explicitly (a token's index in its own row), so
+masked slots never shift positions, and rolled-back slots are masked, then physically cut
+once no row uses the end of the cache.
+
+Every layer is a full-length `DynamicLayer` even for sliding-window models (Gemma-3): the
+window is applied by the attention mask, and a rollback needs the tokens a sliding layer
+would already have thrown away. The window is counted in slots, so in a padded batch a row
+whose history holds masked slots sees that many fewer tokens of window once its sequence
+outgrows it (the same as transformers' own left-padded `generate`); a single row is exact.
+
+Logits are those the model returns (its dtype); callers convert to float32 where they
+accumulate.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from ensemble_core.errors import ConfigError
+from transformers import DynamicCache
+
+
+@dataclass
+class _Row:
+    """One sequence: its token ids and, for the cached prefix, the slot each one sits in."""
+
+    ids: list[int]
+    slots: list[int] = field(default_factory=list)
+    logits_pos: int = -1  # index of the token whose next-token logits are stored; -1: none
+
+    @property
+    def pending(self) -> int:
+        return len(self.ids) - len(self.slots)
+
+
+@dataclass
+class ForwardStats:
+    """Forward passes and seconds spent in them (the model's own time, no bookkeeping)."""
+
+    forwards: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+
+
+class KVBatch:
+    """Token ids of several sequences, their KV cache, and the moves every method needs.
+
+    Reading logits (`next_logits`, `forward_pending`) runs ONE forward over the tokens every
+    row has pending, so any number of `extend`/`truncate` calls cost a single catch-up pass.
+
+    Args:
+        model: a Hugging Face causal LM (any architecture with a `DynamicCache`).
+        prompts: token ids per row; each non-empty.
+        pad_token_id: the id placed in masked slots (never attended to).
+    """
+
+    def __init__(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_token_id: int = 0):
+        if not prompts:
+            raise ConfigError("A batch needs at least one prompt, but got an empty list.")
+        for index, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ConfigError(f"Prompt {index} has no tokens; every prompt needs at least one token.")
+        self._model = model
+        self._device = next(model.parameters()).device
+        self._rows = [_Row(ids=[int(t) for t in prompt]) for prompt in prompts]
+        self._cache = DynamicCache()
+        self._mask = torch.zeros((len(self._rows), 0), dtype=torch.long, device=self._device)
+        self._next: list[torch.Tensor | None] = [None] * len(self._rows)
+        self._pad = pad_token_id
+        accepted = inspect.signature(model.forward).parameters
+        self._takes_logits_to_keep = "logits_to_keep" in accepted
+        # transformers 5.2x renamed `past_key_values` to `cache`; support both spellings.
+        self._cache_argument = "cache" if "cache" in accepted else "past_key_values"
+        self.stats = ForwardStats()
+
+    # ----------------------------------------------------------------- bookkeeping
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._rows)
+
+    @property
+    def cache_length(self) -> int:
+        """Slots in the shared cache (live and masked); the width of the attention mask."""
+        return self._mask.shape[1]
+
+    def ids(self, row: int) -> list[int]:
+        """A copy of the row's token ids (prompt and everything appended)."""
+        return list(self._rows[row].ids)
+
+    def length(self, row: int) -> int:
+        return len(self._rows[row].ids)
+
+    def extend(self, row: int, token_ids: Sequence[int]) -> None:
+        """Append tokens to a row; they are forwarded at the next logits read."""
+        self._rows[row].ids.extend(int(t) for t in token_ids)
+
+    def truncate(self, row: int, length: int) -> None:
+        """Keep only the first `length` tokens of a row (KV-cache rollback).
+
+        The cache keeps the slots of the kept tokens. If the logits after the new last token
+        are not stored, that one token is forwarded again at the next read.
+        """
+        state = self._rows[row]
+        if not 1 <= length <= len(state.ids):
+            raise ConfigError(f"`length` must be in [1, {len(state.ids)}] for row {row}, but is {length}.")
+        del state.ids[length:]
+        keep = min(len(state.slots), length)
+        if keep == length and state.logits_pos != length - 1:
+            keep = length - 1
+        if keep < len(state.slots):
+            dropped = torch.tensor(state.slots[keep:], dtype=torch.long, device=self._device)
+            self._mask[row, dropped] = 0
+            del state.slots[keep:]
+            if state.logits_pos >= keep:
+                state.logits_pos, self._next[row] = -1, None
+            self._cut_unused_tail()
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """Keep only `rows` (in that order): finished sequences stop costing compute."""
+        if not rows:
+            raise ConfigError("`select_rows` needs at least one row to keep.")
+        index = torch.tensor(list(rows), dtype=torch.long, device=self._device)
+        if self.cache_length:
+            self._cache.batch_select_indices(index)
+        self._mask = self._mask[index]
+        self._rows = [self._rows[r] for r in rows]
+        self._next = [self._next[r] for r in rows]
+        self._cut_unused_tail()
+
+    def _cut_unused_tail(self) -> None:
+        live = max((state.slots[-1] + 1 for state in self._rows if state.slots), default=0)
+        surplus = self.cache_length - live
+        if surplus > 0:
+            self._cache.crop(-surplus)
+            self._mask = self._mask[:, :live]
+
+    # ----------------------------------------------------------------- forwards
+
+    def next_logits(self, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """Next-token logits after each row's last token, shape [len(rows), logits width]."""
+        wanted = range(self.batch_size) if rows is None else rows
+        if any(self._needs_forward(r) for r in wanted):
+            self.forward_pending()
+        return torch.stack([self._next[r] for r in wanted])  # type: ignore[misc]
+
+    def _needs_forward(self, row: int) -> bool:
+        state = self._rows[row]
+        return state.pending > 0 or state.logits_pos != len(state.ids) - 1
+
+    def forward_pending(self, keep_all: bool = False) -> dict[int, torch.Tensor]:
+        """Forward every row's pending tokens in ONE pass.
+
+        Args:
+            keep_all: also return the logits at every newly forwarded position (what a
+                verifier needs to score drafted tokens); otherwise only the last position's
+                logits are computed, as `generate` does.
+
+        Returns:
+            With `keep_all`, per row that had pending tokens, logits [n_pending, width]: row
+            i of it predicts the token after the i-th newly forwarded token. Else `{}`.
+        """
+        width = max(state.pending for state in self._rows)
+        if width == 0:
+            return {}
+        input_ids, block_mask, positions = self._pending_block(width)
+        self._mask = torch.cat([self._mask, block_mask], dim=1)
+        start = self.cache_length - width
+        logits = self._run(input_ids, positions, self._cache, self._mask, keep=0 if keep_all else 1)
+        kept: dict[int, torch.Tensor] = {}
+        for row, state in enumerate(self._rows):
+            count = state.pending
+            if count == 0:
+                continue
+            state.slots.extend(range(start + width - count, start + width))
+            state.logits_pos = len(state.ids) - 1
+            self._next[row] = logits[row, -1]
+            if keep_all:
+                kept[row] = logits[row, width - count :]
+        return kept
+
+    def _pending_block(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch = self.batch_size
+        input_ids = torch.full((batch, width), self._pad, dtype=torch.long)
+        block_mask = torch.zeros((batch, width), dtype=torch.long)
+        positions = torch.zeros((batch, width), dtype=torch.long)
+        for row, state in enumerate(self._rows):
+            count = state.pending
+            if count == 0:
+                continue
+            first = len(state.slots)
+            input_ids[row, width - count :] = torch.tensor(state.ids[first:], dtype=torch.long)
+            block_mask[row, width - count :] = 1
+            positions[row, width - count :] = torch.arange(first, first + count)
+            positions[row, : width - count] = first  # masked pads: any in-range position will do
+        return input_ids.to(self._device), block_mask.to(self._device), positions.to(self._device)
+
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DynamicCache,
+        mask: torch.Tensor,
+        keep: int,
+    ) -> torch.Tensor:
+        kwargs: dict[str, object] = {self._cache_argument: cache}
+        if self._takes_logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        started = time.perf_counter()
+        with torch.inference_mode():
+            output = self._model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **kwargs,
+            )
+        self.stats.forwards += 1
+        self.stats.tokens += int(input_ids.numel())
+        self.stats.seconds += time.perf_counter() - started
+        logits = output.logits
+        return logits if keep != 1 or logits.shape[1] == 1 else logits[:, -1:]
+
+    # ----------------------------------------------------------------- scoring
+
+    def score(self, row: int, continuations: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Per-token log-probabilities of K candidate continuations of one row, in ONE forward.
+
+        The row's cached prefix is shared by all K candidates (its cache is expanded over
+        the candidates, so every architecture's own masks apply unchanged); the row itself
+        is left as it was.
+
+        Returns:
+            Per candidate, a float32 tensor [len(candidate)]: log p(token_j | prefix, token_<j).
+        """
+        if not continuations or any(len(c) == 0 for c in continuations):
+            raise ConfigError("`score` needs at least one continuation, each with at least one token.")
+        prefix_logits = self.next_logits([row])[0].float().log_softmax(-1)
+        longest = max(len(c) for c in continuations)
+        count = len(continuations)
+        first_scores = [prefix_logits[c[0]] for c in continuations]
+        if longest == 1:
+            return [s.reshape(1) for s in first_scores]
+        inputs = torch.full((count, longest - 1), self._pad, dtype=torch.long)
+        for k, candidate in enumerate(continuations):
+            inputs[k, : len(candidate) - 1] = torch.tensor(list(candidate[:-1]), dtype=torch.long)
+        start = len(self._rows[row].ids)
+        positions = torch.arange(start, start + longest - 1).expand(count, -1)
+        mask = torch.cat(
+            [self._mask[row : row + 1].expand(count, -1), torch.ones((count, longest - 1), dtype=torch.long)],
+            dim=1,
+        )
+        logits = self._run(inputs.to(self._device), positions.to(self._device), self._expanded_cache(row, count),
+                           mask.to(self._device), keep=0)
+        logprobs = logits.float().log_softmax(-1)
+        scores: list[torch.Tensor] = []
+        for k, candidate in enumerate(continuations):
+            rest = torch.tensor(list(candidate[1:]), dtype=torch.long, device=logprobs.device)
+            later = logprobs[k, torch.arange(len(candidate) - 1, device=logprobs.device), rest]
+            scores.append(torch.cat([first_scores[k].reshape(1), later]))
+        return scores
+
+    def _expanded_cache(self, row: int, count: int) -> DynamicCache:
+        """A throwaway cache: the row's cached keys/values repeated for `count` candidates."""
+        layers = [
+            (layer.keys[row : row + 1].expand(count, -1, -1, -1), layer.values[row : row + 1].expand(count, -1, -1, -1))
+            for layer in self._cache.layers
+        ]
+        return DynamicCache(ddp_cache_data=layers)

@@ -1,0 +1,130 @@
+"""The contract between the decode loop and a method, and the method registry.
+
+A `Method` is configuration (checked in `__init__`), bound once to an ensemble's members.
+For each generation it opens a `MethodRun` that holds that generation's state, so one
+method object can serve concurrent generations. The `Ensemble` owns the loop: it asks the
+run for one `Commit` per active row, applies stop strings and limits, and brings every
+member's ids in step with the committed text.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from ensemble_core.config import GenerationSettings
+from ensemble_core.errors import UnknownNameError
+from ensemble_core.members.base import Member
+from ensemble_core.members.text_sync import MemberSession
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What one step appends to one row.
+
+    Attributes:
+        text: the bytes appended to the committed text (may be part of a character).
+        eos: the row ends here (nothing is appended).
+        tokens: how many tokens this commit counts toward `max_new_tokens`.
+        proposals: member index -> that member's own token id that spells exactly `text`;
+            such a member keeps its id instead of re-encoding.
+    """
+
+    text: bytes = b""
+    eos: bool = False
+    tokens: int = 1
+    proposals: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class DecodeState:
+    """What a method run sees at each step.
+
+    Attributes:
+        members: all members of the ensemble (by index).
+        sessions: member index -> its session; only the members the method takes part with.
+            Session row k is the k-th active row.
+        settings: the call's generation settings.
+        generators: per active row, its sampling generator (None when greedy).
+    """
+
+    members: Sequence[Member]
+    sessions: dict[int, MemberSession]
+    settings: GenerationSettings
+    generators: list[torch.Generator | None]
+
+    @property
+    def rows(self) -> int:
+        return len(self.generators)
+
+
+class MethodRun(ABC):
+    """One generation's worth of a method's state."""
+
+    @abstractmethod
+    def step(self, state: DecodeState) -> list[Commit]:
+        """One commit for each active row, in row order."""
+
+    def stats(self) -> dict[str, Any]:
+        """Method-specific figures for the results (empty by default)."""
+        return {}
+
+
+class Method(ABC):
+    """A decoding strategy over members. Subclasses check their arguments in `__init__`."""
+
+    name: ClassVar[str]
+
+    def bind(self, members: Sequence[Member]) -> None:  # noqa: B027 - optional hook
+        """Resolve member references against the ensemble's members (raise on unknown names)."""
+
+    @abstractmethod
+    def participants(self, members: Sequence[Member]) -> list[int]:
+        """Indices of the members this method runs (the others never load a prompt)."""
+
+    @abstractmethod
+    def reference_member(self, members: Sequence[Member]) -> int:
+        """The member whose tokens count the headline usage."""
+
+    @abstractmethod
+    def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
+        """A fresh run for one generation."""
+
+
+METHODS: dict[str, type[Method]] = {}
+_M = TypeVar("_M", bound=type[Method])
+
+
+def register(name: str) -> Callable[[_M], _M]:
+    """Class decorator: make a method available as `Ensemble(..., method=name)`."""
+
+    def add(cls: _M) -> _M:
+        cls.name = name
+        METHODS[name] = cls
+        return cls
+
+    return add
+
+
+def resolve_method(method: Method | str, params: Mapping[str, Any] | None = None) -> Method:
+    """A method instance from an instance or a registry name (with optional parameters)."""
+    if isinstance(method, Method):
+        if params:
+            raise UnknownNameError("`method_params` only apply when `method` is given by name.")
+        return method
+    if not isinstance(method, str) or method.lower() not in METHODS:
+        known = ", ".join(sorted(METHODS))
+        raise UnknownNameError(f"Unknown method {method!r}. Known methods: {known}.")
+    return METHODS[method.lower()](**dict(params or {}))
+
+
+def member_index(members: Sequence[Member], name: str, role: str) -> int:
+    """The index of the member called `name`, or an error listing the names there are."""
+    for index, member in enumerate(members):
+        if member.name == name:
+            return index
+    known = ", ".join(repr(m.name) for m in members)
+    raise UnknownNameError(f"`{role}` is {name!r}, but the ensemble's members are {known}.")
