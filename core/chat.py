@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import jinja2
+
 from ensemble_core.errors import ConfigError, TemplateError
 
 Message: TypeAlias = Mapping[str, Any]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ensemble_core.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from ensemble_core.errors import ConfigError
 
 
 class GenerationSettings(BaseModel):

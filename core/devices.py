@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from ensemble_core.errors import ConfigError
 
 DTYPES: dict[str, torch.dtype | str] = {

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble_core.errors import MissingPackageError, ModelLoadError, UnknownNameError
 from filelock import FileLock
+
+from ensemble_core.errors import MissingPackageError, ModelLoadError, UnknownNameError
 
 ProgressCallback = Callable[[str], None]
 
@@ -68,9 +69,7 @@ class PackagedModel:
 
 
 def _split(module_prefix: str, count: int, file_pattern: str) -> tuple[GGUFPart, ...]:
-    return tuple(
-        GGUFPart(f"{module_prefix}{i}", file_pattern.format(i=i, j=i - 1)) for i in range(1, count + 1)
-    )
+    return tuple(GGUFPart(f"{module_prefix}{i}", file_pattern.format(i=i, j=i - 1)) for i in range(1, count + 1))
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
@@ -319,4 +318,3 @@ def status(name: str) -> PackagedStatus:
     except MissingPackageError:
         installed = False
     return PackagedStatus(name, installed, is_prepared(name), _model_dir(model), model.description)
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from ensemble_core.config import GenerationSettings
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from ensemble_core import packaged
 from ensemble_core.chat import Prompt, chat_end_token_ids, render_prompt
 from ensemble_core.devices import resolve_device, resolve_dtype
@@ -20,7 +21,14 @@ from ensemble_core.vocab import token_table
 # extra end ids only when it has them AS SPECIAL TOKENS (data, not a model-name check):
 # e.g. Qwen's `<|endoftext|>`, which its generation config lists beside `<|im_end|>`.
 END_TOKEN_STRINGS = (
-    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>", "</s>", "<eos>",
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "</s>",
+    "<eos>",
 )
 
 

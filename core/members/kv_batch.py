@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from ensemble_core.errors import ConfigError
 from transformers import DynamicCache
+
+from ensemble_core.errors import ConfigError
 
 
 @dataclass
@@ -266,8 +267,13 @@ class KVBatch:
             [self._mask[row : row + 1].expand(count, -1), torch.ones((count, longest - 1), dtype=torch.long)],
             dim=1,
         )
-        logits = self._run(inputs.to(self._device), positions.to(self._device), self._expanded_cache(row, count),
-                           mask.to(self._device), keep=0)
+        logits = self._run(
+            inputs.to(self._device),
+            positions.to(self._device),
+            self._expanded_cache(row, count),
+            mask.to(self._device),
+            keep=0,
+        )
         logprobs = logits.float().log_softmax(-1)
         scores: list[torch.Tensor] = []
         for k, candidate in enumerate(continuations):

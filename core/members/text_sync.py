@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from ensemble_core.members.kv_batch import KVBatch
 from ensemble_core.vocab import TokenTable
 
@@ -118,8 +119,9 @@ class MemberSession:
         tail_tokens: how many of its last generated tokens are re-encoded with new text.
     """
 
-    def __init__(self, batch: KVBatch, table: TokenTable, encoder: ExactEncoder,
-                 tail_tokens: int = DEFAULT_TAIL_TOKENS):
+    def __init__(
+        self, batch: KVBatch, table: TokenTable, encoder: ExactEncoder, tail_tokens: int = DEFAULT_TAIL_TOKENS
+    ):
         self.batch = batch
         self._table = table
         self._encoder = encoder

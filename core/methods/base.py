@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import torch
+
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import UnknownNameError
 from ensemble_core.members.base import Member

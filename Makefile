@@ -1,0 +1,17 @@
+# The two commands of the README. Each sets up (or reuses) .venv, then runs.
+.PHONY: demo test lint bench
+
+export HF_HUB_OFFLINE := 1
+
+demo:
+	bash scripts/setup.sh
+	.venv/bin/python examples/demo.py
+
+test:
+	bash scripts/setup.sh --test
+	.venv/bin/ruff check core tests benchmarks examples
+	.venv/bin/python -m pytest -q
+
+bench:
+	bash scripts/setup.sh
+	.venv/bin/python benchmarks/bench_decode.py

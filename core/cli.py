@@ -1,0 +1,101 @@
+"""The `ensemble-llm` command.
+
+ensemble-llm models list              packaged models: installed? prepared? where?
+ensemble-llm models prepare [NAME..]  convert packaged models into the cache (all by default)
+ensemble-llm run PROMPT -m NAME ...   generate once with one or more members
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from ensemble_core import packaged
+from ensemble_core.errors import EnsembleError
+
+
+def _say(line: str, stream=None) -> None:
+    (stream or sys.stdout).write(line + "\n")
+    (stream or sys.stdout).flush()
+
+
+def _models_list(_: argparse.Namespace) -> int:
+    _say(f"{'name':30} {'installed':9} {'prepared':8} path / what it is")
+    for name in packaged.packaged_names():
+        info = packaged.status(name)
+        _say(f"{name:30} {'yes' if info.installed else 'no':9} {'yes' if info.prepared else 'no':8} {info.path}")
+        _say(f"{'':50}{info.description}")
+        if not info.installed:
+            _say(f"{'':50}install: {packaged.get_packaged(name).pip_command}")
+    _say(f"cache: {packaged.cache_root()}  (set ${packaged.CACHE_ENV_VAR} to move it)")
+    return 0
+
+
+def _models_prepare(args: argparse.Namespace) -> int:
+    names = args.names or packaged.packaged_names()
+    for name in names:
+        packaged.get_packaged(name)  # unknown names fail before any conversion starts
+    for index, name in enumerate(names, start=1):
+        started = time.perf_counter()
+        prefix = f"[{index}/{len(names)}]"
+        if packaged.is_prepared(name):
+            _say(f"{prefix} {name}: already prepared at {packaged.model_path(name)}")
+            continue
+        path = packaged.model_path(name, progress=lambda line, p=prefix: _say(f"{p} {line}"))
+        _say(f"{prefix} {name}: done in {time.perf_counter() - started:.0f} s -> {path}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ensemble_core import Ensemble, HFMember
+
+    members = [HFMember.from_pretrained(name, device=args.device, dtype=args.dtype) for name in args.model]
+    ensemble = Ensemble(members, method=args.method)
+    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    for chunk in ensemble.stream(
+        prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, stop=args.stop
+    ):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        if chunk.result is not None:
+            stats = chunk.result.stats
+            _say(f"\n[{chunk.finish_reason}; {stats.steps} tokens in {stats.wall_seconds:.2f} s]", sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ensemble-llm", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    models = commands.add_parser("models", help="packaged models").add_subparsers(dest="action", required=True)
+    models.add_parser("list", help="show packaged models and their state").set_defaults(handler=_models_list)
+    prepare = models.add_parser("prepare", help="convert packaged models into the cache")
+    prepare.add_argument("names", nargs="*", metavar="NAME", help="default: every packaged model")
+    prepare.set_defaults(handler=_models_prepare)
+    run = commands.add_parser("run", help="generate once and stream the text")
+    run.add_argument("prompt")
+    run.add_argument("-m", "--model", action="append", required=True, help="packaged name, hub id or folder")
+    run.add_argument("--method", default="single")
+    run.add_argument("--raw", action="store_true", help="raw completion: no chat template")
+    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--stop", action="append", default=None)
+    run.add_argument("--device", default=None)
+    run.add_argument("--dtype", default="auto")
+    run.set_defaults(handler=_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except EnsembleError as error:
+        _say(f"error: {error}", sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
