@@ -74,7 +74,8 @@ def decode(
                 members=_member_stats(members, sessions),
                 method_stats=run.stats(),
             )
-            result = GenerationResult(row.text.text(), reason, usage, stats, bytes(row.text.data))
+            token_ids = {members[m].name: session.generated_ids(position) for m, session in sessions.items()}
+            result = GenerationResult(row.text.text(), reason, usage, stats, bytes(row.text.data), token_ids)
             yield StreamChunk(text=piece, index=row.index, finish_reason=reason, result=result)
         if finished:
             keep = [p for p in range(len(rows)) if p not in finished]

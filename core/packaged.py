@@ -194,10 +194,12 @@ def model_path(name: str, progress: ProgressCallback | None = None) -> Path:
 
 
 def _convert(model: PackagedModel, parts: list[Path], target: Path, progress: ProgressCallback) -> None:
-    staging = target.parent / f".{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    if target.exists():  # a folder without marker is debris from an interrupted run
+    # We hold the lock, so any staging folder or unmarked target is debris of an interrupted run.
+    for debris in target.parent.glob(f".{target.name}.partial-*"):
+        shutil.rmtree(debris, ignore_errors=True)
+    if target.exists():
         shutil.rmtree(target)
+    staging = target.parent / f".{target.name}.partial-{os.getpid()}"
     staging.mkdir(parents=True)
     try:
         gguf_file = staging / "model.gguf"

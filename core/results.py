@@ -93,7 +93,9 @@ class GenerationResult:
         finish_reason: "stop" (a stop string), "length" (max_new_tokens) or "eos".
         usage: token counts (`Usage`).
         stats: `GenerationStats`.
-        data: the committed bytes behind `text`, exactly.
+        data: the committed bytes behind `text`, exactly (stop string excluded).
+        token_ids: per member name, its own ids for the generated text (EOS not included;
+            a stop string's tokens are, since the member generated them).
     """
 
     text: str
@@ -101,6 +103,7 @@ class GenerationResult:
     usage: Usage
     stats: GenerationStats
     data: bytes = b""
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,58 @@
+"""Single on the REAL packaged models (bf16) equals transformers' own greedy `generate`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PACKAGED, packaged_member
+
+from ensemble_core import Ensemble
+from ensemble_core.methods import Single
+
+CHAT_PROMPTS = [
+    [{"role": "user", "content": "Write a Python function that reverses a string."}],
+    [{"role": "system", "content": "You answer in one sentence."}, {"role": "user", "content": "Why is the sky blue?"}],
+    [{"role": "user", "content": "Translate to French: the cat sleeps on the warm windowsill. 猫"}],
+]
+RAW_PROMPTS = [
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):\n",
+    "The three primary colours are",
+]
+
+
+def prompts_for(name: str) -> list:
+    return CHAT_PROMPTS if packaged_member(name).tokenizer.chat_template else RAW_PROMPTS
+
+
+def hf_generate(member, ids: list[int], new_tokens: int) -> list[int]:
+    with torch.inference_mode():
+        out = member.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            eos_token_id=sorted(member.eos_token_ids),
+            pad_token_id=member.tokenizer.pad_token_id,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.packaged
+@pytest.mark.parametrize("name", PACKAGED)
+@pytest.mark.parametrize("prompt_index", [0, 1, 2])
+def test_greedy_single_equals_hf_generate_token_for_token(name: str, prompt_index: int) -> None:
+    member = packaged_member(name)
+    prompt = prompts_for(name)[prompt_index]
+    ensemble = Ensemble([member], method=Single())
+    result = ensemble.generate(prompt, max_new_tokens=64)
+    expected = hf_generate(member, member.render(prompt), 64)
+    ours = result.token_ids[member.name]
+    if result.finish_reason == "eos":
+        ours = [*ours, expected[len(ours)]]
+        assert expected[len(ours) - 1] in member.eos_token_ids
+    assert ours == expected
+    assert result.usage.completion_tokens == len(expected)
+    streamed = list(ensemble.stream(prompt, max_new_tokens=64))
+    assert "".join(c.text for c in streamed) == result.text
+    assert streamed[-1].result is not None and streamed[-1].result.token_ids == result.token_ids

@@ -1,0 +1,162 @@
+"""Ensemble + Single on tiny float32 models: batching, stop strings, streaming, seeds, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ensemble_core import Ensemble, HFMember
+from ensemble_core.errors import ConfigError, ModelLoadError, TemplateError, UnknownNameError
+from ensemble_core.methods import Single
+
+PROMPTS = ["The", "A much longer prompt about rivers and their", "Hello there, said"]
+
+
+@pytest.fixture
+def llama(tiny_member) -> Ensemble:
+    return Ensemble([tiny_member("tiny-llama")], method=Single())
+
+
+def hf_greedy(member: HFMember, prompt: str, new_tokens: int) -> list[int]:
+    ids = member.render(prompt)
+    with torch.inference_mode():
+        out = member.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            eos_token_id=sorted(member.eos_token_ids),
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen2", "tiny-gemma3"])
+def test_batch_equals_one_at_a_time_equals_hf_generate(arch: str, tiny_member) -> None:
+    member = tiny_member(arch)
+    ensemble = Ensemble([member], method="single")
+    batch = ensemble.generate_batch(PROMPTS, max_new_tokens=20)
+    for prompt, batched in zip(PROMPTS, batch, strict=True):
+        alone = ensemble.generate(prompt, max_new_tokens=20)
+        assert batched.token_ids == alone.token_ids
+        assert batched.text == alone.text
+        assert alone.token_ids[member.name] == hf_greedy(member, prompt, 20)[: len(alone.token_ids[member.name])]
+
+
+def test_stop_string_cuts_text_even_inside_a_token(llama: Ensemble) -> None:
+    full = llama.generate("The", max_new_tokens=30)
+    data = full.data
+    stop = data[len(data) // 2 : len(data) // 2 + 3].decode("utf-8", errors="ignore") or data[-2:].decode()
+    stopped = llama.generate("The", max_new_tokens=30, stop=[stop, "never-appears"])
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == full.text[: full.text.index(stop)]
+    assert stop not in stopped.text
+
+
+def test_stream_concatenates_to_the_generated_text(llama: Ensemble) -> None:
+    chunks = list(llama.stream("Hello there, said", max_new_tokens=25, stop=["zzz"]))
+    final = chunks[-1]
+    assert final.result is not None and final.finish_reason == final.result.finish_reason
+    assert all(c.result is None for c in chunks[:-1])
+    assert (
+        "".join(c.text for c in chunks)
+        == final.result.text
+        == llama.generate("Hello there, said", max_new_tokens=25).text
+    )
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(llama: Ensemble) -> None:
+    kwargs = dict(max_new_tokens=15, temperature=1.0, top_p=0.9, seed=11)
+    first = llama.generate("The", **kwargs)
+    assert llama.generate("The", **kwargs).text == first.text
+    assert llama.generate_batch(["Hello there, said", "The"], **kwargs)[1].text == first.text
+    other = {llama.generate("The", **{**kwargs, "seed": s}).text for s in range(4)}
+    assert len(other) > 1
+
+
+def test_usage_and_stats_count_what_happened(llama: Ensemble) -> None:
+    member = llama.members[0]
+    result = llama.generate("The", max_new_tokens=12)
+    assert result.finish_reason == "length"
+    assert result.usage.prompt_tokens == len(member.render("The"))
+    assert result.usage.completion_tokens == 12 == result.stats.steps
+    assert result.usage.counted_by == member.name
+    stats = result.stats.members[member.name]
+    assert stats.forwards == 12 and stats.own_tokens == 12 and stats.reencoded_tokens == 0
+
+
+def test_single_picks_the_named_member_and_others_never_run(tiny_member) -> None:
+    llama, qwen = tiny_member("tiny-llama"), tiny_member("tiny-qwen2")
+    ensemble = Ensemble([llama, qwen], method=Single(member="tiny-qwen2"))
+    result = ensemble.generate("The", max_new_tokens=5)
+    assert list(result.stats.members) == ["tiny-qwen2"]
+    assert result.token_ids["tiny-qwen2"] == Ensemble([qwen]).generate("The", max_new_tokens=5).token_ids["tiny-qwen2"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_new_tokens": 0}, "`max_new_tokens` has to be a positive integer, but is 0"),
+        ({"max_new_tokens": -3}, "`max_new_tokens` has to be a positive integer, but is -3"),
+        ({"temperature": -0.1}, "`temperature` has to be >= 0"),
+        ({"top_p": 0.0}, r"`top_p` has to be in \(0, 1\]"),
+        ({"seed": -1}, "`seed` has to be a non-negative integer"),
+        ({"stop": [""]}, "`stop` must hold non-empty strings"),
+    ],
+)
+def test_bad_generation_settings_are_named(llama: Ensemble, kwargs, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        llama.generate("The", **kwargs)
+
+
+def test_bad_prompts_and_members_are_rejected_before_any_forward(tiny_member) -> None:
+    member = tiny_member("tiny-gemma3")  # Gemma's tokenizer has no chat template
+    calls = []
+    hook = member.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        ensemble = Ensemble([member])
+        with pytest.raises(ConfigError, match="empty list"):
+            ensemble.generate_batch([])
+        with pytest.raises(TemplateError, match="no chat template"):
+            ensemble.generate([{"role": "user", "content": "hi"}])
+        with pytest.raises(TemplateError, match="no chat template"):
+            ensemble.generate_batch(["fine", [{"role": "user", "content": "hi"}]])
+        with pytest.raises(ConfigError, match="context window of 512 tokens"):
+            ensemble.generate("word " * 600, max_new_tokens=10)
+    finally:
+        hook.remove()
+    assert calls == []
+    with pytest.raises(UnknownNameError, match="Known methods: single"):
+        Ensemble([member], method="majority-vote")
+    with pytest.raises(UnknownNameError, match="`member` is 'nope'"):
+        Ensemble([member], method=Single(member="nope"))
+    with pytest.raises(ConfigError, match="names must be unique"):
+        Ensemble([member, member])
+    with pytest.raises(ConfigError, match="at least one member"):
+        Ensemble([])
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("cuda:7", "CUDA is not available|this machine has"),
+        ("banana", "`device` must be a torch device"),
+        ("meta", "not supported"),
+    ],
+)
+def test_a_device_that_does_not_exist_fails_before_loading(device, message, monkeypatch) -> None:
+    from ensemble_core import packaged
+
+    def must_not_load(*_args, **_kwargs):
+        raise AssertionError("nothing may be loaded before the device is checked")
+
+    monkeypatch.setattr(packaged, "model_path", must_not_load)
+    with pytest.raises(ConfigError, match=message):
+        HFMember.from_pretrained("smollm2-135m-instruct", device=device)
+    with pytest.raises(ConfigError, match="`dtype` must be one of"):
+        HFMember.from_pretrained("smollm2-135m-instruct", dtype="int3")
+
+
+def test_unknown_model_ids_are_a_load_error_with_a_hint() -> None:
+    with pytest.raises(ModelLoadError, match="packaged name"):
+        HFMember.from_pretrained("no-such-org/no-such-model")
