@@ -16,9 +16,11 @@ once no row uses the end of the cache.
 
 Every layer is a full-length `DynamicLayer` even for sliding-window models (Gemma-3): the
 window is applied by the attention mask, and a rollback needs the tokens a sliding layer
-would already have thrown away. The window is counted in slots, so in a padded batch a row
-whose history holds masked slots sees that many fewer tokens of window once its sequence
-outgrows it (the same as transformers' own left-padded `generate`); a single row is exact.
+would already have thrown away. The window is counted in slots. A single row never has
+masked slots after its first token, and rows that advance in lockstep (as `Single` decodes)
+keep their tokens contiguous, so both are exact. In a batch whose rows append or roll back
+different amounts, a row with masked slots inside its last `sliding_window` slots sees that
+many fewer tokens of window (the same as transformers' own left-padded `generate`).
 
 Logits are those the model returns (its dtype); callers convert to float32 where they
 accumulate.
