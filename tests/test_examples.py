@@ -16,7 +16,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @pytest.mark.parametrize("script", ["quickstart.py", "demo.py"])
 def test_example_runs(script: str) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()
     if script == "demo.py":
