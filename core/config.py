@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -73,6 +74,16 @@ class GenerationSettings(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+class SettingsKwargs(TypedDict, total=False):
+    """The keyword arguments `generate`, `stream` and `generate_batch` take (for type checkers)."""
+
+    max_new_tokens: int
+    stop: str | Sequence[str] | None
+    temperature: float
+    top_p: float
+    seed: int | None
 
 
 def build_settings(**values: Any) -> GenerationSettings:

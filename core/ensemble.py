@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from ensemble_core.chat import Prompt, validate_prompt
-from ensemble_core.config import GenerationSettings, build_settings
+from ensemble_core.config import GenerationSettings, SettingsKwargs, build_settings
 from ensemble_core.decode import decode
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
@@ -65,58 +65,39 @@ class Ensemble:
     def generate(
         self,
         prompt: Prompt,
-        *,
-        max_new_tokens: int = 256,
-        stop: str | Sequence[str] | None = None,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        **settings: Unpack[SettingsKwargs],
     ) -> GenerationResult:
-        """Generate for one prompt: a `str` (raw completion) or a list of chat messages."""
-        settings = build_settings(
-            max_new_tokens=max_new_tokens, stop=stop, temperature=temperature, top_p=top_p, seed=seed
-        )
-        return self._collect([prompt], settings)[0]
+        """Generate for one prompt: a `str` (raw completion) or a list of chat messages.
+
+        Settings (all optional; see `GenerationSettings`): `max_new_tokens` (256), `stop`,
+        `temperature` (0: greedy), `top_p` (1.0), `seed`. An unknown setting is a `ConfigError`.
+        """
+        return self._collect([prompt], build_settings(**settings))[0]
 
     def generate_batch(
         self,
         prompts: Sequence[Prompt],
-        *,
-        max_new_tokens: int = 256,
-        stop: str | Sequence[str] | None = None,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        **settings: Unpack[SettingsKwargs],
     ) -> list[GenerationResult]:
         """Generate for many prompts at once (one batched forward per step); results in order."""
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise ConfigError("`prompts` must be a list of prompts; for one prompt use `generate`.")
         if len(prompts) == 0:
             raise ConfigError("`prompts` is an empty list; give at least one prompt.")
-        settings = build_settings(
-            max_new_tokens=max_new_tokens, stop=stop, temperature=temperature, top_p=top_p, seed=seed
-        )
-        return self._collect(list(prompts), settings)
+        return self._collect(list(prompts), build_settings(**settings))
 
     def stream(
         self,
         prompt: Prompt,
-        *,
-        max_new_tokens: int = 256,
-        stop: str | Sequence[str] | None = None,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        **settings: Unpack[SettingsKwargs],
     ) -> Iterator[StreamChunk]:
         """Yield text as it is committed; the last chunk carries `finish_reason` and `result`.
 
         Text that could still become a stop string is held back until it cannot.
         """
-        settings = build_settings(
-            max_new_tokens=max_new_tokens, stop=stop, temperature=temperature, top_p=top_p, seed=seed
-        )
-        prompt_ids = self._render([prompt], settings)
-        return self._locked_stream(prompt_ids, settings)
+        checked = build_settings(**settings)
+        prompt_ids = self._render([prompt], checked)
+        return self._locked_stream(prompt_ids, checked)
 
     # ------------------------------------------------------------------ internals
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ensemble_core import Ensemble, HFMember
 from ensemble_core.errors import ConfigError, ModelLoadError, TemplateError, UnknownNameError
 from ensemble_core.methods import Single
+from reference import hf_greedy_generate
 
 PROMPTS = ["The", "A much longer prompt about rivers and their", "Hello there, said"]
 
@@ -15,20 +15,6 @@ PROMPTS = ["The", "A much longer prompt about rivers and their", "Hello there, s
 @pytest.fixture
 def llama(tiny_member) -> Ensemble:
     return Ensemble([tiny_member("tiny-llama")], method=Single())
-
-
-def hf_greedy(member: HFMember, prompt: str, new_tokens: int) -> list[int]:
-    ids = member.render(prompt)
-    with torch.inference_mode():
-        out = member.model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            eos_token_id=sorted(member.eos_token_ids),
-            pad_token_id=0,
-        )
-    return out[0, len(ids) :].tolist()
 
 
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen2", "tiny-gemma3"])
@@ -40,7 +26,10 @@ def test_batch_equals_one_at_a_time_equals_hf_generate(arch: str, tiny_member) -
         alone = ensemble.generate(prompt, max_new_tokens=20)
         assert batched.token_ids == alone.token_ids
         assert batched.text == alone.text
-        assert alone.token_ids[member.name] == hf_greedy(member, prompt, 20)[: len(alone.token_ids[member.name])]
+        assert (
+            alone.token_ids[member.name]
+            == hf_greedy_generate(member, member.render(prompt), 20)[: len(alone.token_ids[member.name])]
+        )
 
 
 def test_stop_string_cuts_text_even_inside_a_token(llama: Ensemble) -> None:
@@ -102,6 +91,7 @@ def test_single_picks_the_named_member_and_others_never_run(tiny_member) -> None
         ({"top_p": 0.0}, r"`top_p` has to be in \(0, 1\]"),
         ({"seed": -1}, "`seed` has to be a non-negative integer"),
         ({"stop": [""]}, "`stop` must hold non-empty strings"),
+        ({"max_tokens": 5}, "`max_tokens` is not a generation setting; known settings: max_new_tokens"),
     ],
 )
 def test_bad_generation_settings_are_named(llama: Ensemble, kwargs, message) -> None:

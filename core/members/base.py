@@ -26,6 +26,11 @@ class Member(ABC):
     context_window: int
     logits_width: int
 
+    @property
+    def token_bytes(self) -> list[bytes | None]:
+        """The bytes each of this member's token ids spells (None: special); see `vocab`."""
+        return self.table.token_bytes
+
     @abstractmethod
     def render(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """This member's prompt ids for a raw string or a conversation."""

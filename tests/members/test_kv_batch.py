@@ -14,7 +14,7 @@ import torch
 
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.kv_batch import KVBatch
-from reference import ATOL, uncached_all_logits, uncached_next_logits
+from reference import ATOL, assert_rows_match_uncached, uncached_all_logits, uncached_next_logits
 
 ARCHS = ["tiny-llama", "tiny-qwen2", "tiny-gemma3"]
 
@@ -61,11 +61,7 @@ def test_batch_rows_with_different_moves_match_one_at_a_time(arch: str, tiny_mem
     prompts = [random_ids(rng, member, n) for n in (3, 9, 5)]
     batch = KVBatch(member.model, prompts)
     for _ in range(25):
-        logits = batch.next_logits()
-        for row in range(3):
-            torch.testing.assert_close(
-                logits[row], uncached_next_logits(member.model, batch.ids(row)), atol=ATOL, rtol=0
-            )
+        assert_rows_match_uncached(batch, member.model)
         for row in range(3):  # every row does something different: holes appear in the shared cache
             move = rng.random()
             if move < 0.5:
@@ -74,11 +70,7 @@ def test_batch_rows_with_different_moves_match_one_at_a_time(arch: str, tiny_mem
                 batch.truncate(row, max(1, batch.length(row) - rng.randint(1, 3)))
     # A finished row leaves; the others continue unchanged.
     batch.select_rows([2, 0])
-    logits = batch.next_logits()
-    for new_row in range(2):
-        torch.testing.assert_close(
-            logits[new_row], uncached_next_logits(member.model, batch.ids(new_row)), atol=ATOL, rtol=0
-        )
+    assert_rows_match_uncached(batch, member.model)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -90,11 +82,8 @@ def test_padded_batch_in_lockstep_matches_one_at_a_time_even_past_the_sliding_wi
     prompts = [random_ids(rng, member, n) for n in (2, 11, 6)]
     batch = KVBatch(member.model, prompts)
     for _ in range(12):
-        logits = batch.next_logits()
+        logits = assert_rows_match_uncached(batch, member.model)
         for row in range(3):
-            torch.testing.assert_close(
-                logits[row], uncached_next_logits(member.model, batch.ids(row)), atol=ATOL, rtol=0
-            )
             batch.extend(row, [int(logits[row].argmax())])
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from conftest import PACKAGED, packaged_member
 
 from ensemble_core import Ensemble
 from ensemble_core.methods import Single
+from reference import hf_greedy_generate
 
 CHAT_PROMPTS = [
     [{"role": "user", "content": "Write a Python function that reverses a string."}],
@@ -25,19 +25,6 @@ def prompts_for(name: str) -> list:
     return CHAT_PROMPTS if packaged_member(name).tokenizer.chat_template else RAW_PROMPTS
 
 
-def hf_generate(member, ids: list[int], new_tokens: int) -> list[int]:
-    with torch.inference_mode():
-        out = member.model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            eos_token_id=sorted(member.eos_token_ids),
-            pad_token_id=member.tokenizer.pad_token_id,
-        )
-    return out[0, len(ids) :].tolist()
-
-
 @pytest.mark.packaged
 @pytest.mark.parametrize("name", PACKAGED)
 @pytest.mark.parametrize("prompt_index", [0, 1, 2])
@@ -46,7 +33,7 @@ def test_greedy_single_equals_hf_generate_token_for_token(name: str, prompt_inde
     prompt = prompts_for(name)[prompt_index]
     ensemble = Ensemble([member], method=Single())
     result = ensemble.generate(prompt, max_new_tokens=64)
-    expected = hf_generate(member, member.render(prompt), 64)
+    expected = hf_greedy_generate(member, member.render(prompt), 64)
     ours = result.token_ids[member.name]
     if result.finish_reason == "eos":
         ours = [*ours, expected[len(ours)]]
