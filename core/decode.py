@@ -53,13 +53,13 @@ def decode(
     run = method.start(members, settings)
     reference = method.reference_member(members)
     while rows:
+        state.remaining = [settings.max_new_tokens - row.steps for row in rows]
         commits = run.step(state)
         finished: list[int] = []
         for position, (row, commit) in enumerate(zip(rows, commits, strict=True)):
             reason = _apply(row, commit, settings)
-            if not commit.eos:
-                for member, session in sessions.items():
-                    session.commit(position, commit.text, own_token=commit.proposals.get(member))
+            for member, session in sessions.items():
+                session.commit(position, commit.text, own_tokens=commit.proposals.get(member, ()))
             piece = row.text.take_new_text(final=reason is not None)
             if reason is None:
                 if piece:
@@ -87,11 +87,11 @@ def decode(
 
 
 def _apply(row: _Row, commit: Commit, settings: GenerationSettings) -> FinishReason | None:
-    if commit.eos:
-        return "eos"
     row.steps += commit.tokens
     if row.text.append(commit.text):
         return "stop"
+    if commit.eos:
+        return "eos"
     if row.steps >= settings.max_new_tokens:
         return "length"
     return None

@@ -45,7 +45,9 @@ class _Row:
 
     ids: list[int]
     slots: list[int] = field(default_factory=list)
-    logits_pos: int = -1  # index of the token whose next-token logits are stored; -1: none
+    # token index -> next-token logits after that token, for the last few forwarded positions:
+    # a rollback to any of them needs no forward at all.
+    recent: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -71,9 +73,17 @@ class KVBatch:
         model: a Hugging Face causal LM (any architecture with a `DynamicCache`).
         prompts: token ids per row; each non-empty.
         pad_token_id: the id placed in masked slots (never attended to).
+        keep_recent: how many of a row's latest positions keep their next-token logits
+            (a rollback by up to this many tokens then costs no forward).
     """
 
-    def __init__(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_token_id: int = 0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        prompts: Sequence[Sequence[int]],
+        pad_token_id: int = 0,
+        keep_recent: int = 8,
+    ):
         if not prompts:
             raise ConfigError("A batch needs at least one prompt, but got an empty list.")
         for index, prompt in enumerate(prompts):
@@ -84,8 +94,8 @@ class KVBatch:
         self._rows = [_Row(ids=[int(t) for t in prompt]) for prompt in prompts]
         self._cache = DynamicCache()
         self._mask = torch.zeros((len(self._rows), 0), dtype=torch.long, device=self._device)
-        self._next: list[torch.Tensor | None] = [None] * len(self._rows)
         self._pad = pad_token_id
+        self._keep_recent = max(1, keep_recent)
         accepted = inspect.signature(model.forward).parameters
         self._takes_logits_to_keep = "logits_to_keep" in accepted
         # transformers 5.2x renamed `past_key_values` to `cache`; support both spellings.
@@ -118,21 +128,21 @@ class KVBatch:
         """Keep only the first `length` tokens of a row (KV-cache rollback).
 
         The cache keeps the slots of the kept tokens. If the logits after the new last token
-        are not stored, that one token is forwarded again at the next read.
+        are not among the recent ones kept, that one token is forwarded again at the next read.
         """
         state = self._rows[row]
         if not 1 <= length <= len(state.ids):
             raise ConfigError(f"`length` must be in [1, {len(state.ids)}] for row {row}, but is {length}.")
         del state.ids[length:]
+        for index in [i for i in state.recent if i >= length]:
+            del state.recent[index]
         keep = min(len(state.slots), length)
-        if keep == length and state.logits_pos != length - 1:
+        if keep == length and length - 1 not in state.recent:
             keep = length - 1
         if keep < len(state.slots):
             dropped = torch.tensor(state.slots[keep:], dtype=torch.long, device=self._device)
             self._mask[row, dropped] = 0
             del state.slots[keep:]
-            if state.logits_pos >= keep:
-                state.logits_pos, self._next[row] = -1, None
             self._cut_unused_tail()
 
     def select_rows(self, rows: Sequence[int]) -> None:
@@ -144,7 +154,6 @@ class KVBatch:
             self._cache.batch_select_indices(index)
         self._mask = self._mask[index]
         self._rows = [self._rows[r] for r in rows]
-        self._next = [self._next[r] for r in rows]
         self._cut_unused_tail()
 
     def _cut_unused_tail(self) -> None:
@@ -161,42 +170,47 @@ class KVBatch:
         wanted = range(self.batch_size) if rows is None else rows
         if any(self._needs_forward(r) for r in wanted):
             self.forward_pending()
-        return torch.stack([self._next[r] for r in wanted])  # type: ignore[misc]
+        return torch.stack([self._rows[r].recent[len(self._rows[r].ids) - 1] for r in wanted])
+
+    def logits_after(self, row: int, index: int) -> torch.Tensor | None:
+        """Next-token logits after token `index` of a row, if still kept (see `keep_recent`)."""
+        return self._rows[row].recent.get(index)
 
     def _needs_forward(self, row: int) -> bool:
         state = self._rows[row]
-        return state.pending > 0 or state.logits_pos != len(state.ids) - 1
+        return state.pending > 0 or len(state.ids) - 1 not in state.recent
 
-    def forward_pending(self, keep_all: bool = False) -> dict[int, torch.Tensor]:
+    def forward_pending(self, keep_all: bool = False) -> None:
         """Forward every row's pending tokens in ONE pass.
 
         Args:
-            keep_all: also return the logits at every newly forwarded position (what a
-                verifier needs to score drafted tokens); otherwise only the last position's
-                logits are computed, as `generate` does.
-
-        Returns:
-            With `keep_all`, per row that had pending tokens, logits [n_pending, width]: row
-            i of it predicts the token after the i-th newly forwarded token. Else `{}`.
+            keep_all: keep the logits at every newly forwarded position (what a verifier
+                needs to score drafted tokens; read them with `logits_after`); otherwise only
+                each row's last position is computed, as `generate` does.
         """
+        for row, state in enumerate(self._rows):  # a row whose last token's logits are gone re-runs it
+            if state.pending == 0 and len(state.ids) - 1 not in state.recent:
+                self.truncate(row, len(state.ids))
         width = max(state.pending for state in self._rows)
         if width == 0:
-            return {}
+            return
         input_ids, block_mask, positions = self._pending_block(width)
         self._mask = torch.cat([self._mask, block_mask], dim=1)
         start = self.cache_length - width
         logits = self._run(input_ids, positions, self._cache, self._mask, keep=0 if keep_all else 1)
-        kept: dict[int, torch.Tensor] = {}
         for row, state in enumerate(self._rows):
             count = state.pending
             if count == 0:
                 continue
             state.slots.extend(range(start + width - count, start + width))
-            state.logits_pos = len(state.ids) - 1
-            self._next[row] = logits[row, -1]
-            if keep_all:
-                kept[row] = logits[row, width - count :]
-        return kept
+            last = len(state.ids) - 1
+            if keep_all:  # column width - count + k predicts the token after new token k
+                for k in range(count):
+                    state.recent[last - count + 1 + k] = logits[row, width - count + k]
+            else:  # only the last column was computed
+                state.recent[last] = logits[row, -1]
+            for index in [i for i in state.recent if i <= last - self._keep_recent]:
+                del state.recent[index]
 
     def _pending_block(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = self.batch_size

@@ -6,8 +6,12 @@ each step would cost a full prefill; instead a member re-encodes only a short ta
 few generated tokens' bytes plus the new bytes), keeps the longest common prefix with the
 ids it already has (and their KV cache), and appends the rest.
 
-Bytes that end in an incomplete UTF-8 character are held back until the character is whole:
-tokenizers encode strings, and a split character would tokenize differently once complete.
+Committed text may end inside a UTF-8 character (byte-level tokens can split one). A member
+whose vocabulary has single-byte tokens (byte-level BPE, SentencePiece byte fallback) spells
+the incomplete character with them, so it stays exactly in step at every byte; when the
+character completes, the tail re-encoding replaces them with the canonical token. A member
+that cannot spell those bytes holds them back until the character is whole (`held`); methods
+leave such a member out of the steps where it is behind.
 The member that produced the committed token keeps its own id without any re-encoding, so
 an ensemble that always follows one member reproduces that member exactly, split characters
 included.
@@ -65,6 +69,9 @@ class ExactEncoder:
         """Ids spelling exactly `data` (empty bytes give no ids)."""
         if not data:
             return []
+        partial = incomplete_utf8_suffix(data)
+        if partial:  # a character still being written: whole text normally, its first bytes as byte tokens
+            return self.encode(data[:-partial]) + self._byte_tokens(data[-partial:], count=False)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -82,8 +89,12 @@ class ExactEncoder:
     def _no_special(self, ids: list[int]) -> bool:
         return all(self._table.token_bytes[i] is not None for i in ids if i < len(self._table))
 
-    def _byte_tokens(self, data: bytes) -> list[int]:
-        self.fallbacks += 1
+    def can_spell_bytes(self, data: bytes) -> bool:
+        """Whether every byte of `data` has a single-byte token (byte-level BPE, byte fallback)."""
+        return all(self._table.byte_tokens[b] is not None for b in data)
+
+    def _byte_tokens(self, data: bytes, count: bool = True) -> list[int]:
+        self.fallbacks += count
         ids = [self._table.byte_tokens[b] for b in data]
         if all(i is not None for i in ids):
             return [i for i in ids if i is not None]
@@ -95,7 +106,8 @@ class ExactEncoder:
 @dataclass
 class _RowText:
     prompt_length: int
-    spelled: bytes = b""  # what the generated ids spell
+    synced: int = 0  # generated ids that spell `spelled`; any ids after them are speculative
+    spelled: bytes = b""  # what the synced generated ids spell
     held: bytes = b""  # committed bytes not yet tokenised (an incomplete character)
 
 
@@ -112,6 +124,11 @@ class SyncStats:
 class MemberSession:
     """One member's view of a batched generation: its `KVBatch` plus each row's text.
 
+    A row's ids are the prompt, then the "synced" ids that spell the committed text (minus
+    held-back bytes), then optionally speculative ids (a draft, or a verifier's reading of
+    one) that the next `commit` either keeps, where they agree with what is committed, or
+    drops.
+
     Args:
         batch: the member's cache and token ids (prompts already placed).
         table: the member's `TokenTable`.
@@ -123,82 +140,110 @@ class MemberSession:
         self, batch: KVBatch, table: TokenTable, encoder: ExactEncoder, tail_tokens: int = DEFAULT_TAIL_TOKENS
     ):
         self.batch = batch
-        self._table = table
-        self._encoder = encoder
+        self.table = table
+        self.encoder = encoder
         self._tail = tail_tokens
         self._rows = [_RowText(prompt_length=batch.length(r)) for r in range(batch.batch_size)]
         self._counts = SyncStats()
 
     def next_logits(self, rows: Sequence[int] | None = None) -> torch.Tensor:
-        """Next-token logits after each row's committed text (catching up in one forward)."""
+        """Next-token logits after each row's current ids (catching up in one forward)."""
         return self.batch.next_logits(rows)
 
     def generated_ids(self, row: int) -> list[int]:
-        return self.batch.ids(row)[self._rows[row].prompt_length :]
+        """The row's ids for the committed text (speculative ids excluded)."""
+        state = self._rows[row]
+        return self.batch.ids(row)[state.prompt_length : state.prompt_length + state.synced]
 
-    def spelled(self, row: int) -> bytes:
-        """Committed text this member has tokenised (the rest is held back)."""
-        return self._rows[row].spelled
+    def synced_length(self, row: int) -> int:
+        """Prompt plus synced generated ids: where speculative ids would start."""
+        state = self._rows[row]
+        return state.prompt_length + state.synced
+
+    def held(self, row: int) -> bytes:
+        """Committed bytes this member has not tokenised yet (an incomplete character)."""
+        return self._rows[row].held
+
+    def speculate(self, row: int, token_ids: Sequence[int]) -> None:
+        """Append ids beyond the committed text (a draft); the next `commit` settles them."""
+        self.batch.extend(row, token_ids)
 
     def select_rows(self, rows: Sequence[int]) -> None:
         self.batch.select_rows(rows)
         self._rows = [self._rows[r] for r in rows]
 
-    def commit(self, row: int, data: bytes, own_token: int | None = None) -> None:
+    def commit(self, row: int, data: bytes, own_tokens: Sequence[int] = ()) -> None:
         """Bring the row in step with `data` appended to the committed text.
 
         Args:
-            own_token: the id this member itself proposed for exactly `data`; it is kept as
-                is (no re-encoding), so following one member reproduces it exactly.
+            own_tokens: ids this member itself proposed, spelling a prefix of `data`; they
+                are kept as they are (no re-encoding, and speculative ids that match keep
+                their cache), so an ensemble that follows one member reproduces it exactly.
+                A special token the member chose (spelling nothing) is kept the same way.
         """
         state = self._rows[row]
-        if own_token is not None and not state.held and (self._table.token_bytes[own_token] or b"") == data:
-            # Also the path for a special token the member chose that spells nothing: it is
-            # kept, as `generate` would keep it.
-            self.batch.extend(row, [own_token])
-            state.spelled += data
-            self._counts.own_tokens += 1
-            return
-        if not data:
-            return
-        full = state.spelled + state.held + data
-        hold = incomplete_utf8_suffix(full)
-        target = full[: len(full) - hold]
-        state.held = full[len(target) :]
-        if target != state.spelled:
-            self._retokenise_tail(row, target)
+        own = list(own_tokens)
+        own_bytes = self.table.spell(own)
+        if own and not state.held and data.startswith(own_bytes):
+            self._keep_own(row, own)
+            state.spelled += own_bytes
+            data = data[len(own_bytes) :]
+        if data:
+            full = state.spelled + state.held + data
+            partial = incomplete_utf8_suffix(full)
+            if partial and self.encoder.can_spell_bytes(full[-partial:]):
+                partial = 0  # spelled with byte tokens now, re-encoded whole once the character completes
+            target = full[: len(full) - partial]
+            state.held = full[len(target) :]
+            if target != state.spelled:
+                self._retokenise_tail(row, target)
+        if self.batch.length(row) > self.synced_length(row):  # speculation nobody committed
+            self.batch.truncate(row, self.synced_length(row))
+
+    def _keep_own(self, row: int, own: list[int]) -> None:
+        state = self._rows[row]
+        start = self.synced_length(row)
+        if self.batch.ids(row)[start : start + len(own)] != own:
+            if self.batch.length(row) > start:
+                self.batch.truncate(row, start)
+            self.batch.extend(row, own)
+        state.synced += len(own)
+        self._counts.own_tokens += len(own)
 
     def _retokenise_tail(self, row: int, target: bytes) -> None:
         state = self._rows[row]
-        generated = self.generated_ids(row)
-        start, start_byte = self._tail_start(generated, len(state.spelled), target)
-        fallbacks_before = self._encoder.fallbacks
-        fresh = self._encoder.encode(target[start_byte:])
-        self._counts.byte_fallbacks += self._encoder.fallbacks - fallbacks_before
-        old = generated[start:]
+        ids = self.batch.ids(row)
+        synced = ids[state.prompt_length : state.prompt_length + state.synced]
+        start, start_byte = self._tail_start(synced, len(state.spelled), target)
+        fallbacks_before = self.encoder.fallbacks
+        fresh = self.encoder.encode(target[start_byte:])
+        self._counts.byte_fallbacks += self.encoder.fallbacks - fallbacks_before
+        old = ids[state.prompt_length + start :]  # speculative ids included: matching ones keep their cache
         common = 0
         while common < min(len(old), len(fresh)) and old[common] == fresh[common]:
             common += 1
         if common < len(old):
-            self._counts.rollbacks += 1
+            if common < state.synced - start:
+                self._counts.rollbacks += 1
             self.batch.truncate(row, state.prompt_length + start + common)
         self.batch.extend(row, fresh[common:])
         self._counts.reencoded_tokens += len(fresh) - common
+        state.synced = start + len(fresh)
         state.spelled = target
 
-    def _tail_start(self, generated: list[int], spelled_length: int, target: bytes) -> tuple[int, int]:
+    def _tail_start(self, synced: list[int], spelled_length: int, target: bytes) -> tuple[int, int]:
         """The token index where re-encoding starts, and its byte offset.
 
         It lies `tail_tokens` back, or earlier where needed so that it starts on a whole
         character and inside `target` (the text the ids must spell afterwards). Walking back
         from the end keeps a commit O(tail), not O(generated text).
         """
-        start, offset = len(generated), spelled_length
+        start, offset = len(synced), spelled_length
         while start > 0 and (
-            len(generated) - start < self._tail or offset > len(target) or _is_continuation(target, offset)
+            len(synced) - start < self._tail or offset > len(target) or _is_continuation(target, offset)
         ):
             start -= 1
-            offset -= len(self._table.token_bytes[generated[start]] or b"")
+            offset -= len(self.table.token_bytes[synced[start]] or b"")
         return start, offset
 
     def stats(self) -> SyncStats:

@@ -1,6 +1,20 @@
 """Decoding methods, chosen by instance or by registry name (`Ensemble(..., method="single")`)."""
 
 from ensemble_core.methods.base import METHODS, Commit, DecodeState, Method, MethodRun, register, resolve_method
+from ensemble_core.methods.safe import SAFE
 from ensemble_core.methods.single import Single
+from ensemble_core.methods.token import GaC, UniTE
 
-__all__ = ["METHODS", "Commit", "DecodeState", "Method", "MethodRun", "Single", "register", "resolve_method"]
+__all__ = [
+    "METHODS",
+    "SAFE",
+    "Commit",
+    "DecodeState",
+    "GaC",
+    "Method",
+    "MethodRun",
+    "Single",
+    "UniTE",
+    "register",
+    "resolve_method",
+]

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from ensemble_core.config import GenerationSettings
-from ensemble_core.errors import UnknownNameError
+from ensemble_core.errors import ConfigError, UnknownNameError
 from ensemble_core.members.base import Member
 from ensemble_core.members.text_sync import MemberSession
 
@@ -27,17 +27,18 @@ class Commit:
     """What one step appends to one row.
 
     Attributes:
-        text: the bytes appended to the committed text (may be part of a character).
-        eos: the row ends here (nothing is appended).
-        tokens: how many tokens this commit counts toward `max_new_tokens`.
-        proposals: member index -> that member's own token id that spells exactly `text`;
-            such a member keeps its id instead of re-encoding.
+        text: the bytes appended to the committed text (may end inside a character).
+        eos: the row ends after `text` (the end-of-sequence token itself appends nothing).
+        tokens: how many tokens this commit counts toward `max_new_tokens` (the end-of-
+            sequence token included, as `generate` counts it).
+        proposals: member index -> that member's own token ids spelling a prefix of `text`
+            (usually all of it); such a member keeps its ids instead of re-encoding.
     """
 
     text: bytes = b""
     eos: bool = False
     tokens: int = 1
-    proposals: Mapping[int, int] = field(default_factory=dict)
+    proposals: Mapping[int, Sequence[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -46,6 +47,8 @@ class DecodeState:
 
     Attributes:
         members: all members of the ensemble (by index).
+        remaining: per active row, how many tokens it may still commit (`max_new_tokens`
+            minus what it has); a multi-token commit must not exceed it.
         sessions: member index -> its session; only the members the method takes part with.
             Session row k is the k-th active row.
         settings: the call's generation settings.
@@ -56,6 +59,7 @@ class DecodeState:
     sessions: dict[int, MemberSession]
     settings: GenerationSettings
     generators: list[torch.Generator | None]
+    remaining: list[int] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -123,9 +127,17 @@ def resolve_method(method: Method | str, params: Mapping[str, Any] | None = None
 
 
 def member_index(members: Sequence[Member], name: str, role: str) -> int:
-    """The index of the member called `name`, or an error listing the names there are."""
-    for index, member in enumerate(members):
-        if member.name == name:
-            return index
+    """The index of the member called `name` (or whose name it uniquely begins), else an error.
+
+    `SAFE(drafter="qwen")` thus finds "qwen2.5-coder-0.5b-instruct".
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"`{role}` must be a member name, but is {name!r}.")
+    exact = [i for i, m in enumerate(members) if m.name == name]
+    starting = [i for i, m in enumerate(members) if m.name.lower().startswith(name.lower())]
+    if exact or len(starting) == 1:
+        return (exact or starting)[0]
     known = ", ".join(repr(m.name) for m in members)
+    if starting:
+        raise UnknownNameError(f"`{role}` is {name!r}, which matches several members ({known}); use a full name.")
     raise UnknownNameError(f"`{role}` is {name!r}, but the ensemble's members are {known}.")

@@ -61,5 +61,5 @@ class _SingleRun(MethodRun):
                 commits.append(Commit(eos=True))
             else:
                 spelled = self._member.table.token_bytes[token] if token < len(self._member.table) else None
-                commits.append(Commit(text=spelled or b"", proposals={self._index: token}))
+                commits.append(Commit(text=spelled or b"", proposals={self._index: [token]}))
         return commits

@@ -49,9 +49,15 @@ def test_forward_pending_keeps_logits_of_every_new_position(arch: str, tiny_memb
     batch = KVBatch(member.model, [random_ids(rng, member, 4)])
     batch.next_logits()
     batch.extend(0, random_ids(rng, member, 6))
-    kept = batch.forward_pending(keep_all=True)[0]
+    batch.forward_pending(keep_all=True)
     full = uncached_all_logits(member.model, batch.ids(0))
-    torch.testing.assert_close(kept, full[-6:], atol=ATOL, rtol=0)
+    for index in range(batch.length(0) - 7, batch.length(0)):  # the 6 new positions and the one before
+        torch.testing.assert_close(batch.logits_after(0, index), full[index], atol=ATOL, rtol=0)
+    # Rolling back within the kept positions needs no forward.
+    forwards = batch.stats.forwards
+    batch.truncate(0, batch.length(0) - 3)
+    torch.testing.assert_close(batch.next_logits()[0], full[batch.length(0) - 1], atol=ATOL, rtol=0)
+    assert batch.stats.forwards == forwards
 
 
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen2"])

@@ -1,0 +1,142 @@
+"""The union vocabulary: every member's tokens, normalised to the bytes they spell.
+
+Members with different tokenizers can only add up probabilities over a shared index. The
+union's entries are byte strings (from `TokenTable`), sorted, so that all entries starting
+with a given text form one contiguous range (what SAFE's sharpening sums over). Entry 0 is
+"end of sequence": every end-of-sequence id of every member maps there.
+
+Per member, a `MemberMap` holds an index map, token id -> union entry (NOT a dense matrix):
+
+* ids with the same bytes map to the same entry, so their probabilities add up;
+* logit rows past the tokenizer's length (Qwen's padded 151,936-row head) and special tokens
+  other than end-of-sequence map to a "nowhere" slot that is ignored;
+* probabilities of any dtype are accumulated in float32.
+
+A union is built once per member set and memoised, so a second ensemble over the same
+loaded members (or a second generation) pays nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ensemble_core.vocab import TokenTable
+
+EOS_INDEX = 0
+
+
+@dataclass(frozen=True)
+class MemberMap:
+    """How one member's ids land in the union.
+
+    Attributes:
+        to_union: LongTensor [logits width]: union index per id; `nowhere` for ids that are not
+            text and not end-of-sequence (and for padded logit rows).
+        first_id: LongTensor [union size]: the member's lowest id spelling each entry, or -1.
+        extra_ids: union index -> the member's further ids with the same bytes (rare).
+        ids_per_entry: the most ids of this member that share one entry (bounds its mass
+            on any entry outside its top-k: `ids_per_entry * p_kth`).
+    """
+
+    to_union: torch.Tensor
+    first_id: torch.Tensor
+    extra_ids: dict[int, tuple[int, ...]]
+    ids_per_entry: int
+
+    def has(self, entry: int) -> bool:
+        return int(self.first_id[entry]) >= 0
+
+
+@dataclass(frozen=True)
+class UnionVocab:
+    """The union of several members' vocabularies.
+
+    Attributes:
+        entries: the byte string of each union index (entry 0, end of sequence, is b"").
+        maps: one `MemberMap` per member, in member order.
+    """
+
+    entries: list[bytes]
+    maps: list[MemberMap]
+
+    @property
+    def size(self) -> int:
+        return len(self.entries)
+
+    @property
+    def nowhere(self) -> int:
+        """The slot unmapped ids accumulate into (one past the last entry; ignored)."""
+        return len(self.entries)
+
+    def index_of(self, text: bytes) -> int | None:
+        """The union index of a byte string, or None if no member has it as one token."""
+        found = bisect.bisect_left(self.entries, text, lo=1)
+        return found if found < len(self.entries) and self.entries[found] == text else None
+
+    def extension_range(self, entry: int) -> tuple[int, int]:
+        """[entry, hi): the entries whose bytes start with `entry`'s bytes (itself included).
+
+        Entries are sorted, so they are contiguous: they end before the smallest byte string
+        that is greater than every extension.
+        """
+        prefix = self.entries[entry].rstrip(b"\xff")
+        if not prefix:
+            return entry, len(self.entries)
+        bound = prefix[:-1] + bytes([prefix[-1] + 1])
+        return entry, bisect.bisect_left(self.entries, bound, lo=entry)
+
+
+def _member_map(table: TokenTable, eos_ids: frozenset[int], width: int, index: dict[bytes, int]) -> MemberMap:
+    nowhere = len(index) + 1
+    targets = [nowhere] * width
+    first = [-1] * (len(index) + 1)
+    extra: dict[int, list[int]] = {}
+    for token_id in range(min(width, len(table))):
+        spelled = table.token_bytes[token_id]
+        if token_id in eos_ids:
+            entry = EOS_INDEX
+        elif spelled:
+            entry = index[spelled]
+        else:
+            continue
+        targets[token_id] = entry
+        if first[entry] < 0:
+            first[entry] = token_id
+        else:
+            extra.setdefault(entry, []).append(token_id)
+    for token_id in eos_ids:  # an EOS id past the table (rare) still ends the sequence
+        if len(table) <= token_id < width:
+            targets[token_id] = EOS_INDEX
+    sharing = 1 + max((len(v) for v in extra.values()), default=0)
+    return MemberMap(
+        to_union=torch.tensor(targets, dtype=torch.long),
+        first_id=torch.tensor(first, dtype=torch.long),
+        extra_ids={k: tuple(v) for k, v in extra.items()},
+        ids_per_entry=sharing,
+    )
+
+
+_BUILT: dict[tuple[tuple[int, frozenset[int], int], ...], tuple[UnionVocab, tuple[TokenTable, ...]]] = {}
+
+
+def build_union(tables: Sequence[TokenTable], eos_ids: Sequence[frozenset[int]], widths: Sequence[int]) -> UnionVocab:
+    """The union over members given by their token tables, end-of-sequence ids and logits widths.
+
+    Memoised per member set (the tables are kept alive with it).
+    """
+    key = tuple((id(t), e, w) for t, e, w in zip(tables, eos_ids, widths, strict=True))
+    if key in _BUILT:
+        return _BUILT[key][0]
+    texts: set[bytes] = set()
+    for table in tables:
+        texts.update(b for b in table.token_bytes if b)
+    entries = [b"", *sorted(texts)]
+    index = {text: i for i, text in enumerate(entries) if i}
+    maps = [_member_map(t, e, w, index) for t, e, w in zip(tables, eos_ids, widths, strict=True)]
+    union = UnionVocab(entries, maps)
+    _BUILT[key] = (union, tuple(tables))
+    return union
