@@ -65,11 +65,11 @@ class Combiner:
         member_map = self.union.maps[member]
         first = member_map.first_id[entries]
         found = first >= 0
-        mass = torch.where(found, probs[first.clamp(min=0)], torch.zeros((), dtype=probs.dtype))
+        mass = torch.where(found, probs[first.clamp(min=0)].float(), torch.zeros(()))
         if member_map.extra_ids:
             for position, entry in enumerate(entries.tolist()):
                 for token in member_map.extra_ids.get(entry, ()):
-                    mass[position] += probs[token]
+                    mass[position] += probs[token].float()
         return mass
 
     def top_entry(self, member: int, probs: torch.Tensor) -> tuple[int, int]:
@@ -85,7 +85,8 @@ class Combiner:
         for member, member_probs in probs.items():
             weight = self.weights[member]
             if weight:
-                total.index_add_(0, self.union.maps[member].to_union[: member_probs.shape[0]], member_probs * weight)
+                source = member_probs.float() * weight  # any input dtype accumulates in float32
+                total.index_add_(0, self.union.maps[member].to_union[: member_probs.shape[0]], source)
         return total[: self.union.size]
 
     def candidates(self, probs: Mapping[int, torch.Tensor], top_k: int) -> torch.Tensor:

@@ -1,0 +1,93 @@
+"""The union vocabulary and the combinations over it (no model needed: real tokenizers only)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import packaged_member
+
+from ensemble_core.methods.combine import Combiner
+from ensemble_core.methods.token import union_for
+from ensemble_core.union import EOS_INDEX, build_union
+
+NAMES = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
+
+
+@pytest.fixture(scope="module")
+def members():
+    return [packaged_member(n) for n in NAMES]
+
+
+@pytest.fixture(scope="module")
+def union(members):
+    return union_for(members)
+
+
+def test_entries_are_sorted_bytes_with_one_end_of_sequence_entry(members, union) -> None:
+    assert union.entries[EOS_INDEX] == b""
+    assert union.entries == sorted(union.entries)
+    assert len(set(union.entries)) == union.size
+    for member, member_map in zip(members, union.maps, strict=True):
+        for eos in member.eos_token_ids:
+            assert int(member_map.to_union[eos]) == EOS_INDEX
+        token = member.tokenizer.encode(" there", add_special_tokens=False)[0]
+        assert union.entries[int(member_map.to_union[token])] == member.table.token_bytes[token]
+
+
+def test_padded_logit_rows_and_other_special_tokens_map_nowhere(members, union) -> None:
+    qwen_map = union.maps[0]
+    assert qwen_map.to_union.shape[0] == 151936  # the logits width, not the tokenizer's 151,665
+    assert bool((qwen_map.to_union[151665:] == union.nowhere).all())
+    im_start = members[0].tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert int(qwen_map.to_union[im_start]) == union.nowhere
+
+
+def test_the_union_is_built_once_per_member_set(members, union) -> None:
+    assert union_for(members) is union
+    assert (
+        build_union([m.table for m in members], [m.eos_token_ids for m in members], [m.logits_width for m in members])
+        is union
+    )
+
+
+def test_duplicate_ids_add_up_and_low_precision_accumulates_in_float32(members, union) -> None:
+    gemma = 2
+    entry, extra = next(iter(union.maps[gemma].extra_ids.items()))
+    first = int(union.maps[gemma].first_id[entry])
+    probs = torch.zeros(members[gemma].logits_width)
+    probs[first], probs[extra[0]] = 0.25, 0.5
+    combiner = Combiner(union, [0.0, 0.0, 1.0])
+    assert float(combiner.full({gemma: probs})[entry]) == pytest.approx(0.75)
+    bf16 = torch.softmax(torch.randn(members[0].logits_width), -1).to(torch.bfloat16)
+    total = Combiner(union, [1.0, 0.0, 0.0]).full({0: bf16})
+    assert total.dtype == torch.float32
+    mapped = union.maps[0].to_union < union.nowhere
+    assert float(total.sum()) == pytest.approx(float(bf16.double()[mapped].sum()), abs=1e-5)
+
+
+def test_extension_range_holds_exactly_the_entries_extending_a_text(union) -> None:
+    rng = random.Random(0)
+    for entry in [union.index_of(b" there"), union.index_of(b"a"), *rng.sample(range(1, union.size), 30)]:
+        lo, hi = union.extension_range(entry)
+        prefix = union.entries[entry]
+        assert all(union.entries[i].startswith(prefix) for i in range(lo, hi))
+        assert hi == union.size or not union.entries[hi].startswith(prefix)
+
+
+def test_greedy_shortcut_equals_the_full_union_argmax(members, union) -> None:
+    combiner = Combiner(union, [0.5, 0.3, 0.2])
+    generator = torch.Generator().manual_seed(0)
+    shortcut_used = 0
+    for trial in range(40):
+        sharpness = 1.0 if trial % 4 == 0 else 8.0  # flat distributions force the fallback path
+        probs = {
+            i: torch.softmax(torch.randn(m.logits_width, generator=generator) * sharpness, -1)
+            for i, m in enumerate(members)
+        }
+        entry, by_shortcut = combiner.greedy(probs)
+        full = combiner.full(probs)
+        assert entry == int(torch.argmax(full))
+        shortcut_used += by_shortcut
+    assert 0 < shortcut_used < 40  # both paths were exercised
