@@ -65,6 +65,10 @@ class SAFE(Method):
         skip_tests: False turns both greedy skip tests off, so every position that is not
             OOV-like is decided by the ensemble (what GaC would pick there).
         record: keep a per-position trace in `stats["decisions"]` (for analysis and tests).
+        confident_drafts: end a draft early after a token the drafter itself gives less than
+            this probability: that position will most likely be ensembled and replaced, so
+            drafting past it is wasted work. It changes no decision (each position is judged on
+            its own prefix), only the work. None drafts `draft_len` tokens always, as the paper.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class SAFE(Method):
         top_k: int = 10,
         skip_tests: bool = True,
         record: bool = False,
+        confident_drafts: float | None = 0.5,
     ):
         if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
             raise ConfigError(f"`draft_len` has to be a positive integer, but is {draft_len!r}.")
@@ -89,6 +94,9 @@ class SAFE(Method):
             raise ConfigError(f"`sharpen_lambda` has to be in (0, 1), but is {sharpen_lambda}.")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ConfigError(f"`top_k` has to be a positive integer, but is {top_k!r}.")
+        if confident_drafts is not None and not 0.0 < float(confident_drafts) <= 1.0:
+            raise ConfigError(f"`confident_drafts` has to be in (0, 1] or None, but is {confident_drafts}.")
+        self.confident_drafts = confident_drafts
         self.drafter = drafter
         self.draft_len = draft_len
         self.base = base
@@ -119,7 +127,8 @@ class SAFE(Method):
     def __repr__(self) -> str:
         return (
             f"SAFE(drafter={self.drafter!r}, draft_len={self.draft_len}, base={self.base!r}, "
-            f"sharpen={self.sharpen!r}, sharpen_lambda={self.sharpen_lambda})"
+            f"sharpen={self.sharpen!r}, sharpen_lambda={self.sharpen_lambda}, "
+            f"confident_drafts={self.confident_drafts})"
         )
 
 
@@ -131,7 +140,8 @@ class _Draft:
     ids: list[int] = field(default_factory=list)
     texts: list[bytes] = field(default_factory=list)
     probs: list[torch.Tensor] = field(default_factory=list)
-    ended: bool = False
+    ended: bool = False  # an end-of-sequence token was drafted
+    done: bool = False  # no more drafting this round (ended, or the drafter grew unsure)
 
     def offset(self, position: int) -> int:
         """Bytes of draft before `position` (relative to the committed text)."""
@@ -183,7 +193,7 @@ class _SafeRun(MethodRun):
         # text it does not have, so those rows take one plain ensemble step instead.
         budget = [0 if session.held(r) else min(self.method.draft_len, left) for r, left in enumerate(state.remaining)]
         while True:
-            rows = [r for r in range(state.rows) if not drafts[r].ended and len(drafts[r].ids) < budget[r]]
+            rows = [r for r in range(state.rows) if not drafts[r].done and len(drafts[r].ids) < budget[r]]
             if not rows:
                 return drafts
             logits = session.next_logits(rows)
@@ -194,12 +204,14 @@ class _SafeRun(MethodRun):
                 draft.ids.append(token)
                 draft.probs.append(probs)
                 self.counts.drafted += 1
+                confident = self.method.confident_drafts
                 if token in member.eos_token_ids:
                     draft.texts.append(b"")
-                    draft.ended = True
+                    draft.ended = draft.done = True
                 else:
                     draft.texts.append(member.table.spell([token]))
                     session.speculate(row, [token])
+                    draft.done = confident is not None and float(probs[token]) < confident
 
     def _member_probs(self, logits: torch.Tensor) -> torch.Tensor:
         probs = self.combiner.member_probs(logits, self.temperature)

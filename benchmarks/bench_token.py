@@ -1,0 +1,115 @@
+"""Token-level ensembles on the three packaged models: what the ensemble adds on top of the
+models' own forwards, measured side by side in one run.
+
+    python benchmarks/bench_token.py [--tokens 128] [--rounds 2]
+
+Rows (all greedy, bf16, the same raw prompt, per generated token so an early EOS is fair):
+* GaC every token / the sum of each member's own cached greedy decode (goal <= 1.15);
+* SAFE (drafter Qwen) / Qwen alone (goal <= 1.5);
+* GaC with the key-token gate (threshold 0.5, primary Qwen) / Qwen alone (goal <= 1.5);
+plus the share of tokens ensembled, and the union's build time and size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+NAMES = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
+
+_UNION_PROBE = """
+import time, os
+os.environ["HF_HUB_OFFLINE"] = "1"
+from transformers import AutoConfig, AutoTokenizer
+from ensemble_core.chat import chat_end_token_ids
+from ensemble_core.packaged import model_path
+from ensemble_core.vocab import token_table
+from ensemble_core.union import build_union
+names = %r
+tables, eos, widths = [], [], []
+for name in names:
+    tok = AutoTokenizer.from_pretrained(model_path(name))
+    tables.append(token_table(tok))
+    eos.append(frozenset({tok.eos_token_id} | chat_end_token_ids(tok)))
+    widths.append(AutoConfig.from_pretrained(model_path(name)).vocab_size)
+start = time.perf_counter()
+union = build_union(tables, eos, widths)
+first = time.perf_counter() - start
+start = time.perf_counter()
+build_union(tables, eos, widths)
+again = time.perf_counter() - start
+size = sum(m.to_union.numel() * 8 + m.first_id.numel() * 8 for m in union.maps)
+print(union.size, first, again, size / 1e6)
+"""
+
+
+def per_token(ensemble, tokens: int) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = ensemble.generate(PROMPT, max_new_tokens=tokens)
+    return (time.perf_counter() - started) / result.usage.completion_tokens, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    from transformers.utils import logging as hf_logging
+
+    from ensemble_core import Ensemble, HFMember
+    from ensemble_core.methods import SAFE, GaC, Single
+
+    hf_logging.disable_progress_bar()
+    members = [HFMember.from_pretrained(n, device="cpu") for n in NAMES]
+    setups = {name: Ensemble(members, method=Single(member=name)) for name in NAMES}
+    setups["gac"] = Ensemble(members, method=GaC())
+    setups["safe"] = Ensemble(members, method=SAFE(drafter=NAMES[0]))
+    setups["gate"] = Ensemble(members, method=GaC(threshold=0.5, primary=NAMES[0]))
+    for ensemble in setups.values():  # warm-up, union built
+        ensemble.generate(PROMPT, max_new_tokens=4)
+    times: dict[str, list[float]] = {k: [] for k in setups}
+    results = {}
+    for _ in range(args.rounds):
+        for key, ensemble in setups.items():
+            seconds, results[key] = per_token(ensemble, args.tokens)
+            times[key].append(seconds)
+    t = {k: statistics.median(v) for k, v in times.items()}
+    own_sum = sum(t[n] for n in NAMES)
+    print(f"greedy, up to {args.tokens} new tokens, bf16, {os.cpu_count()} CPU threads, median of {args.rounds}")
+    print("| measure | ms / token | ratio | goal | share ensembled | floor ms / token | ratio to floor |")
+    print("|---|---|---|---|---|---|---|")
+    for name in NAMES:
+        print(f"| {name} alone | {t[name] * 1e3:.0f} | | | | | |")
+    gac_ratio = t["gac"] / own_sum
+    print(
+        f"| GaC every token vs sum of members alone | {t['gac'] * 1e3:.0f} | {gac_ratio:.2f} | <= 1.15 | 100% "
+        f"| {own_sum * 1e3:.0f} | {gac_ratio:.2f} |"
+    )
+    for key, label in (("safe", "SAFE (drafter Qwen) vs Qwen alone"), ("gate", "GaC gate 0.5 vs Qwen alone")):
+        share = results[key].stats.method_stats["share_ensembled"]
+        # The forwards no implementation can avoid at this share: Qwen on every token, the
+        # others on the ensembled ones.
+        floor = t[NAMES[0]] + share * (t[NAMES[1]] + t[NAMES[2]])
+        ratio = t[key] / t[NAMES[0]]
+        print(
+            f"| {label} | {t[key] * 1e3:.0f} | {ratio:.2f} | <= 1.5 | {share:.0%} "
+            f"| {floor * 1e3:.0f} | {t[key] / floor:.2f} |"
+        )
+    out = subprocess.run([sys.executable, "-c", _UNION_PROBE % (NAMES,)], capture_output=True, text=True, check=True)
+    size, first, again, megabytes = out.stdout.split()
+    print(
+        f"\nunion of the 3 vocabularies: {int(size):,} entries; built in {float(first):.2f} s in a fresh process, "
+        f"{float(again) * 1e3:.3f} ms when built again (memoised); index maps {float(megabytes):.1f} MB"
+    )
+
+
+if __name__ == "__main__":
+    main()
