@@ -120,6 +120,10 @@ class KVBatch:
     def length(self, row: int) -> int:
         return len(self._rows[row].ids)
 
+    def cached_length(self, row: int) -> int:
+        """How many of the row's first ids are in the cache (the rest are pending)."""
+        return len(self._rows[row].slots)
+
     def extend(self, row: int, token_ids: Sequence[int]) -> None:
         """Append tokens to a row; they are forwarded at the next logits read."""
         self._rows[row].ids.extend(int(t) for t in token_ids)
@@ -257,51 +261,77 @@ class KVBatch:
     # ----------------------------------------------------------------- scoring
 
     def score(self, row: int, continuations: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Per-token log-probabilities of K candidate continuations of one row, in ONE forward.
+        """Per-token log-probabilities of K candidate continuations of one row's ids, in ONE forward."""
+        return self.score_many([ScoreRequest(row, self.length(row), continuations)])[0]
 
-        The row's cached prefix is shared by all K candidates (its cache is expanded over
-        the candidates, so every architecture's own masks apply unchanged); the row itself
-        is left as it was.
+    def score_many(self, requests: Sequence[ScoreRequest], kind: str = "logprob") -> list[list[torch.Tensor]]:
+        """Score candidate continuations of several rows' prefixes in ONE forward.
+
+        Each request's prefix (the row's first `prefix_length` tokens, which must be cached:
+        ids after it, e.g. a draft, are masked out) is shared by its candidates: the cache is
+        copied once per candidate, so every architecture's own masks apply unchanged. The
+        prefix's last token is fed again in front of each candidate, so the first candidate
+        token is scored in the same pass and no stored logits are needed. Rows are left as
+        they were.
+
+        Args:
+            kind: "logprob" (log-softmax) or "logit" (the raw logit of each candidate token).
 
         Returns:
-            Per candidate, a float32 tensor [len(candidate)]: log p(token_j | prefix, token_<j).
+            Per request, per candidate, a float32 tensor [len(candidate)]:
+            log p(token_j | prefix, candidate tokens before j) (or that token's raw logit).
         """
-        if not continuations or any(len(c) == 0 for c in continuations):
-            raise ConfigError("`score` needs at least one continuation, each with at least one token.")
-        prefix_logits = self.next_logits([row])[0].float().log_softmax(-1)
-        longest = max(len(c) for c in continuations)
-        count = len(continuations)
-        first_scores = [prefix_logits[c[0]] for c in continuations]
-        if longest == 1:
-            return [s.reshape(1) for s in first_scores]
-        inputs = torch.full((count, longest - 1), self._pad, dtype=torch.long)
-        for k, candidate in enumerate(continuations):
-            inputs[k, : len(candidate) - 1] = torch.tensor(list(candidate[:-1]), dtype=torch.long)
-        start = len(self._rows[row].ids)
-        positions = torch.arange(start, start + longest - 1).expand(count, -1)
-        mask = torch.cat(
-            [self._mask[row : row + 1].expand(count, -1), torch.ones((count, longest - 1), dtype=torch.long)],
-            dim=1,
-        )
-        logits = self._run(
-            inputs.to(self._device),
-            positions.to(self._device),
-            self._expanded_cache(row, count),
-            mask.to(self._device),
-            keep=0,
-        )
-        logprobs = logits.float().log_softmax(-1)
-        scores: list[torch.Tensor] = []
-        for k, candidate in enumerate(continuations):
-            rest = torch.tensor(list(candidate[1:]), dtype=torch.long, device=logprobs.device)
-            later = logprobs[k, torch.arange(len(candidate) - 1, device=logprobs.device), rest]
-            scores.append(torch.cat([first_scores[k].reshape(1), later]))
+        for request in requests:
+            state = self._rows[request.row]
+            if not request.continuations or any(len(c) == 0 for c in request.continuations):
+                raise ConfigError("Scoring needs at least one continuation, each with at least one token.")
+            if not 1 <= request.prefix_length <= len(state.slots) + 1 or request.prefix_length > len(state.ids):
+                raise ConfigError(
+                    f"Row {request.row}: the prefix to score after ({request.prefix_length} tokens) must be cached."
+                )
+        owners = [(q, request.row) for q, request in enumerate(requests) for _ in request.continuations]
+        candidates = [list(c) for request in requests for c in request.continuations]
+        longest = max(len(c) for c in candidates)
+        inputs = torch.full((len(candidates), longest), self._pad, dtype=torch.long)
+        positions = torch.zeros((len(candidates), longest), dtype=torch.long)
+        for k, ((q, row), candidate) in enumerate(zip(owners, candidates, strict=True)):
+            last = requests[q].prefix_length - 1
+            inputs[k, : len(candidate)] = torch.tensor([self._rows[row].ids[last], *candidate[:-1]], dtype=torch.long)
+            positions[k] = torch.arange(last, last + longest)
+        cache, mask = self._prefix_cache([row for _, row in owners], [requests[q].prefix_length for q, _ in owners])
+        mask = torch.cat([mask, torch.ones((len(candidates), longest), dtype=torch.long, device=self._device)], dim=1)
+        logits = self._run(inputs.to(self._device), positions.to(self._device), cache, mask, keep=0)
+        logprobs = logits.float().log_softmax(-1) if kind == "logprob" else logits.float()
+        scores: list[list[torch.Tensor]] = [[] for _ in requests]
+        for k, ((q, _), candidate) in enumerate(zip(owners, candidates, strict=True)):
+            targets = torch.tensor(candidate, dtype=torch.long, device=logprobs.device)
+            scores[q].append(logprobs[k, torch.arange(len(candidate), device=logprobs.device), targets])
         return scores
 
-    def _expanded_cache(self, row: int, count: int) -> DynamicCache:
-        """A throwaway cache: the row's cached keys/values repeated for `count` candidates."""
-        layers = [
-            (layer.keys[row : row + 1].expand(count, -1, -1, -1), layer.values[row : row + 1].expand(count, -1, -1, -1))
-            for layer in self._cache.layers
+    def _prefix_cache(self, rows: list[int], prefix_lengths: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+        """A throwaway cache with one row per candidate: its row's keys/values, and a mask that
+        keeps only the prefix before its last token (which is fed again). The copy ends where
+        the last kept slot ends, so a single row keeps no masked slots (sliding windows stay exact)."""
+        keep_until = [
+            self._rows[r].slots[n - 2] + 1 if n >= 2 else 0 for r, n in zip(rows, prefix_lengths, strict=True)
         ]
-        return DynamicCache(ddp_cache_data=layers)
+        width = max(keep_until)
+        index = torch.tensor(rows, dtype=torch.long, device=self._device)
+        mask = self._mask[index, :width].clone()
+        for k, (row, length) in enumerate(zip(rows, prefix_lengths, strict=True)):
+            state = self._rows[row]
+            kept = torch.zeros(width, dtype=torch.long, device=self._device)
+            live = [slot for slot in state.slots[: max(length - 1, 0)] if slot < width]
+            kept[live] = 1
+            mask[k] *= kept
+        layers = [(layer.keys[index, :, :width], layer.values[index, :, :width]) for layer in self._cache.layers]
+        return DynamicCache(ddp_cache_data=layers), mask
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Candidates to score after the first `prefix_length` ids of `row`."""
+
+    row: int
+    prefix_length: int
+    continuations: Sequence[Sequence[int]]

@@ -160,6 +160,11 @@ class MemberSession:
         state = self._rows[row]
         return state.prompt_length + state.synced
 
+    def committed_tail(self, row: int, size: int) -> bytes:
+        """The last `size` or more bytes of the row's committed text (what stop strings need)."""
+        state = self._rows[row]
+        return state.spelled[-size:] + state.held
+
     def held(self, row: int) -> bytes:
         """Committed bytes this member has not tokenised yet (an incomplete character)."""
         return self._rows[row].held

@@ -2,7 +2,9 @@
 
 from ensemble_core.methods.base import METHODS, Commit, DecodeState, Method, MethodRun, register, resolve_method
 from ensemble_core.methods.safe import SAFE
+from ensemble_core.methods.segment import SpecFuse
 from ensemble_core.methods.single import Single
+from ensemble_core.methods.span import SweetSpan
 from ensemble_core.methods.token import GaC, UniTE
 
 __all__ = [
@@ -14,6 +16,8 @@ __all__ = [
     "Method",
     "MethodRun",
     "Single",
+    "SpecFuse",
+    "SweetSpan",
     "UniTE",
     "register",
     "resolve_method",

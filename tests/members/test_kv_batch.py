@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ensemble_core.errors import ConfigError
-from ensemble_core.members.kv_batch import KVBatch
+from ensemble_core.members.kv_batch import KVBatch, ScoreRequest
 from reference import ATOL, assert_rows_match_uncached, uncached_all_logits, uncached_next_logits
 
 ARCHS = ["tiny-llama", "tiny-qwen2", "tiny-gemma3"]
@@ -108,7 +108,7 @@ def test_score_in_one_forward_equals_fresh_forward_per_candidate(arch: str, tiny
     candidates = [random_ids(rng, member, n) for n in (1, 4, 6)]
     forwards_before = batch.stats.forwards
     scores = batch.score(0, candidates)
-    assert batch.stats.forwards - forwards_before <= 2  # the catch-up for row 0, then ONE scoring pass
+    assert batch.stats.forwards - forwards_before == 1  # ONE scoring pass, no catch-up needed
     prefix = batch.ids(0)
     for candidate, score in zip(candidates, scores, strict=True):
         logprobs = uncached_all_logits(member.model, prefix + candidate).float().log_softmax(-1)
@@ -116,6 +116,28 @@ def test_score_in_one_forward_equals_fresh_forward_per_candidate(arch: str, tiny
         torch.testing.assert_close(score, expected, atol=ATOL, rtol=0)
     assert batch.ids(0) == prefix  # scoring leaves the row as it was
     torch.testing.assert_close(batch.next_logits()[0], uncached_next_logits(member.model, prefix), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_score_many_scores_every_rows_prefix_in_one_forward_ignoring_drafts(arch: str, tiny_member) -> None:
+    member = tiny_member(arch)
+    rng = random.Random(6)
+    batch = KVBatch(member.model, [random_ids(rng, member, n) for n in (6, 3)])
+    batch.next_logits()
+    prefixes = [batch.ids(0), batch.ids(1)]
+    for row in range(2):  # drafts after the prefixes, forwarded: scoring must not see them
+        batch.extend(row, random_ids(rng, member, 3))
+    batch.next_logits()
+    requests = [ScoreRequest(row, len(prefixes[row]), [random_ids(rng, member, n) for n in (2, 5)]) for row in range(2)]
+    forwards = batch.stats.forwards
+    scores = batch.score_many(requests)
+    assert batch.stats.forwards == forwards + 1
+    for request, row_scores in zip(requests, scores, strict=True):
+        prefix = prefixes[request.row]
+        for candidate, score in zip(request.continuations, row_scores, strict=True):
+            logprobs = uncached_all_logits(member.model, prefix + list(candidate)).float().log_softmax(-1)
+            expected = torch.stack([logprobs[len(prefix) - 1 + j, t] for j, t in enumerate(candidate)])
+            torch.testing.assert_close(score, expected, atol=ATOL, rtol=0)
 
 
 def test_bad_batch_input_is_rejected(tiny_member) -> None:
@@ -129,3 +151,5 @@ def test_bad_batch_input_is_rejected(tiny_member) -> None:
         batch.truncate(0, 0)
     with pytest.raises(ConfigError, match="at least one continuation"):
         batch.score(0, [[]])
+    with pytest.raises(ConfigError, match="must be cached"):
+        batch.score_many([ScoreRequest(0, 3, [[1]])])  # nothing forwarded yet
