@@ -134,3 +134,13 @@ def tiny_member(load_tokenizer: Callable[[str], object]) -> Callable[[str], HFMe
         return made[name]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def float32_members() -> list[HFMember]:
+    """float32 copies of Qwen, SmolLM2 and Gemma, so an uncached reference forward agrees with
+    the cached one to ~1e-5 (bf16 results depend on the shape of the forward)."""
+    return [
+        HFMember.from_pretrained(n, dtype="float32", device="cpu")
+        for n in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
+    ]

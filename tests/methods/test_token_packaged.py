@@ -21,12 +21,6 @@ CJK_PROMPT = (
 pytestmark = pytest.mark.packaged
 
 
-@pytest.fixture(scope="module")
-def float32_members() -> list[HFMember]:
-    """float32 copies, so an uncached reference forward agrees with the cached one to ~1e-5."""
-    return [HFMember.from_pretrained(n, dtype="float32", device="cpu") for n in (QWEN, SMOL, GEMMA)]
-
-
 def twin(member: HFMember) -> HFMember:
     """The same weights and tokenizer under another name (no second copy in memory)."""
     return HFMember(member.model, member.tokenizer, name=member.name + "-twin")
