@@ -13,7 +13,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.mark.packaged
-@pytest.mark.parametrize("script", ["quickstart.py", "demo.py", "token_ensembles.py"])
+@pytest.mark.parametrize("script", ["quickstart.py", "demo.py", "token_ensembles.py", "span_ensembles.py"])
 def test_example_runs(script: str) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
