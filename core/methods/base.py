@@ -99,6 +99,52 @@ class Method(ABC):
         """A fresh run for one generation."""
 
 
+class EnsembleMethod(Method):
+    """A method over all members, with optional per-member weights (normalised when bound)."""
+
+    def __init__(self, weights: Sequence[float] | None = None):
+        self.weights = check_weights(weights)
+        self._normalised: list[float] = []
+
+    def bind(self, members: Sequence[Member]) -> None:
+        self._normalised = normalised_weights(self.weights, len(members))
+
+    @property
+    def member_weights(self) -> list[float]:
+        """The weights in use (summing to 1), known once the method is bound."""
+        return self._normalised
+
+    def participants(self, members: Sequence[Member]) -> list[int]:
+        return list(range(len(members)))
+
+    def reference_member(self, members: Sequence[Member]) -> int:
+        return 0
+
+
+def check_weights(weights: Sequence[float] | None) -> list[float] | None:
+    """Weights as floats, rejected when negative or all zero (their count is checked at bind)."""
+    if weights is None:
+        return None
+    if isinstance(weights, str | bytes) or not isinstance(weights, Sequence):
+        raise ConfigError(f"`weights` must be a list of numbers, one per member, but is {weights!r}.")
+    values = [float(w) for w in weights]
+    if any(not w >= 0.0 for w in values):
+        raise ConfigError(f"`weights` must all be >= 0, but are {values}.")
+    if sum(values) <= 0.0:
+        raise ConfigError(f"`weights` must not all be zero, but are {values}.")
+    return values
+
+
+def normalised_weights(weights: list[float] | None, count: int) -> list[float]:
+    """Weights for `count` members, summing to 1 (default: equal)."""
+    if weights is None:
+        return [1.0 / count] * count
+    if len(weights) != count:
+        raise ConfigError(f"`weights` has {len(weights)} entries, but the ensemble has {count} members.")
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
 METHODS: dict[str, type[Method]] = {}
 _M = TypeVar("_M", bound=type[Method])
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from ensemble_core.config import GenerationSettings
-from ensemble_core.errors import ConfigError
 from ensemble_core.sampling import sample, top_p_filter
 from ensemble_core.union import EOS_INDEX, UnionVocab
 
@@ -210,27 +209,3 @@ class Combiner:
             return self.pick(scored, preferred)
         probs = scored.probs / scored.probs.sum()
         return int(scored.entries[sample(top_p_filter(probs, settings.top_p), generator)])
-
-
-def check_weights(weights: Sequence[float] | None) -> list[float] | None:
-    """Weights as floats, rejected when negative or all zero (their count is checked at bind)."""
-    if weights is None:
-        return None
-    if isinstance(weights, str | bytes) or not isinstance(weights, Sequence):
-        raise ConfigError(f"`weights` must be a list of numbers, one per member, but is {weights!r}.")
-    values = [float(w) for w in weights]
-    if any(not w >= 0.0 for w in values):
-        raise ConfigError(f"`weights` must all be >= 0, but are {values}.")
-    if sum(values) <= 0.0:
-        raise ConfigError(f"`weights` must not all be zero, but are {values}.")
-    return values
-
-
-def normalised_weights(weights: list[float] | None, count: int) -> list[float]:
-    """Weights for `count` members, summing to 1 (default: equal)."""
-    if weights is None:
-        return [1.0 / count] * count
-    if len(weights) != count:
-        raise ConfigError(f"`weights` has {len(weights)} entries, but the ensemble has {count} members.")
-    total = sum(weights)
-    return [w / total for w in weights]

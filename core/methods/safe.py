@@ -33,8 +33,8 @@ from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
 from ensemble_core.members.text_sync import MemberSession
-from ensemble_core.methods.base import Commit, DecodeState, Method, MethodRun, member_index, register
-from ensemble_core.methods.combine import Combiner, Scored, check_weights, normalised_weights
+from ensemble_core.methods.base import Commit, DecodeState, EnsembleMethod, MethodRun, member_index, register
+from ensemble_core.methods.combine import Combiner, Scored
 from ensemble_core.methods.token import union_for
 from ensemble_core.sampling import sample, top_p_filter
 from ensemble_core.union import EOS_INDEX
@@ -48,7 +48,7 @@ _SHARPEN = ("heuristic", "geometric", None)
 
 
 @register("safe")
-class SAFE(Method):
+class SAFE(EnsembleMethod):
     """Selective ensembling: a drafter writes, the others verify, the ensemble decides only
     where the members disagree.
 
@@ -102,27 +102,23 @@ class SAFE(Method):
         self.base = base
         self.sharpen = sharpen
         self.sharpen_lambda = float(sharpen_lambda)
-        self.weights = check_weights(weights)
+        super().__init__(weights)
         self.top_k = top_k
         self.skip_tests = skip_tests
         self.record = record
         self._drafter_index = 0
-        self._normalised: list[float] = []
 
     def bind(self, members: Sequence[Member]) -> None:
         if len(members) < 2:
             raise ConfigError("SAFE needs at least two members: a drafter and a verifier.")
+        super().bind(members)
         self._drafter_index = 0 if self.drafter is None else member_index(members, self.drafter, "drafter")
-        self._normalised = normalised_weights(self.weights, len(members))
-
-    def participants(self, members: Sequence[Member]) -> list[int]:
-        return list(range(len(members)))
 
     def reference_member(self, members: Sequence[Member]) -> int:
         return self._drafter_index
 
     def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
-        return _SafeRun(self, members, Combiner(union_for(members), self._normalised), settings)
+        return _SafeRun(self, members, Combiner(union_for(members), self.member_weights), settings)
 
     def __repr__(self) -> str:
         return (

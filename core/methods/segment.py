@@ -11,8 +11,7 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
-from ensemble_core.methods.base import DecodeState, Method, MethodRun, register
-from ensemble_core.methods.combine import check_weights, normalised_weights
+from ensemble_core.methods.base import DecodeState, EnsembleMethod, MethodRun, register
 from ensemble_core.methods.drafting import Candidate, DraftSpec, SegmentRun
 
 _SCORES = ("logprob", "logit")
@@ -20,7 +19,7 @@ _ANY_NUMBER_OF_WORDS = 1 << 30
 
 
 @register("specfuse")
-class SpecFuse(Method):
+class SpecFuse(EnsembleMethod):
     """Every active member drafts a segment; every member scores all segments in one forward;
     the segment with the best weighted sum of normalised scores wins and is committed.
 
@@ -77,17 +76,7 @@ class SpecFuse(Method):
         self.exit_tau = float(exit_tau)
         self.exit_verify = bool(exit_verify)
         self.hedge_eta = None if hedge_eta is None else float(hedge_eta)
-        self.weights = check_weights(weights)
-        self._normalised: list[float] = []
-
-    def bind(self, members: Sequence[Member]) -> None:
-        self._normalised = normalised_weights(self.weights, len(members))
-
-    def participants(self, members: Sequence[Member]) -> list[int]:
-        return list(range(len(members)))
-
-    def reference_member(self, members: Sequence[Member]) -> int:
-        return 0
+        super().__init__(weights)
 
     def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
         return _SpecFuseRun(self, members, settings)
@@ -129,7 +118,7 @@ class _SpecFuseRun(SegmentRun):
         return [m for m in state.sessions if m not in everywhere] or list(state.sessions)
 
     def select(self, state: DecodeState, row: int, candidates: list[Candidate], scores: dict[int, list[float]]) -> int:
-        weights = self._weights.setdefault(row, list(self.method._normalised))
+        weights = self._weights.setdefault(row, list(self.method.member_weights))
         normalised = {j: normalise(values, self.method.score) for j, values in scores.items()}
         total = [sum(weights[j] * normalised[j][c] for j in normalised) for c in range(len(candidates))]
         self._after_round(row, candidates, normalised, total)
@@ -180,7 +169,7 @@ class _SpecFuseRun(SegmentRun):
 
     def record(self, state, row, candidates, winner, drafters, scores) -> None:
         super().record(state, row, candidates, winner, drafters, scores)
-        weights = self._weights.get(row, self.method._normalised)
+        weights = self._weights.get(row, self.method.member_weights)
         self.rounds[-1]["weights"] = {state.members[m].name: round(w, 4) for m, w in enumerate(weights)}
 
     def stats(self) -> dict[str, Any]:

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
-from ensemble_core.methods.base import DecodeState, Method, MethodRun, register
+from ensemble_core.methods.base import DecodeState, EnsembleMethod, MethodRun, register
 from ensemble_core.methods.drafting import Candidate, DraftSpec, SegmentRun
 
 
 @register("sweetspan")
-class SweetSpan(Method):
+class SweetSpan(EnsembleMethod):
     """Each member drafts a span of whole words; every member scores every span by its mean
     token log-probability (perplexity) in its own tokens; unfaithful scores are dropped and
     the rest combined by mean normalised rank.
@@ -44,14 +44,9 @@ class SweetSpan(Method):
         self.spec = DraftSpec(unit, span_words, max_span_tokens)
         if not float(outlier_mad) > 0.0:
             raise ConfigError(f"`outlier_mad` has to be > 0, but is {outlier_mad}.")
+        super().__init__()
         self.self_score = bool(self_score)
         self.outlier_mad = float(outlier_mad)
-
-    def participants(self, members: Sequence[Member]) -> list[int]:
-        return list(range(len(members)))
-
-    def reference_member(self, members: Sequence[Member]) -> int:
-        return 0
 
     def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
         return _SweetSpanRun(self, members, settings)

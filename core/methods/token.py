@@ -16,8 +16,8 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
-from ensemble_core.methods.base import Commit, DecodeState, Method, MethodRun, member_index, register
-from ensemble_core.methods.combine import Combiner, Scored, check_weights, normalised_weights
+from ensemble_core.methods.base import Commit, DecodeState, EnsembleMethod, MethodRun, member_index, register
+from ensemble_core.methods.combine import Combiner, Scored
 from ensemble_core.sampling import choose_token
 from ensemble_core.union import EOS_INDEX, build_union
 
@@ -36,24 +36,11 @@ def in_step_members(state: DecodeState, row: int, members: Sequence[int]) -> lis
     return ready or list(members)
 
 
-class TokenMethod(Method):
+class TokenMethod(EnsembleMethod):
     """Shared configuration of the every-step token methods: weights, gate, union."""
 
-    def __init__(self, weights: Sequence[float] | None = None):
-        self.weights = check_weights(weights)
-        self._normalised: list[float] = []
-
-    def bind(self, members: Sequence[Member]) -> None:
-        self._normalised = normalised_weights(self.weights, len(members))
-
-    def participants(self, members: Sequence[Member]) -> list[int]:
-        return list(range(len(members)))
-
-    def reference_member(self, members: Sequence[Member]) -> int:
-        return 0
-
     def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
-        return _TokenRun(self, members, Combiner(union_for(members), self._normalised), settings)
+        return _TokenRun(self, members, Combiner(union_for(members), self.member_weights), settings)
 
     def gate(self) -> tuple[int, float] | None:
         """(primary member, threshold) when the key-token gate is on."""
