@@ -3,7 +3,9 @@ models' own forwards, measured side by side in one run.
 
     python benchmarks/bench_token.py [--tokens 128] [--rounds 2]
 
-Rows (all greedy, bf16, the same raw prompt, per generated token so an early EOS is fair):
+Two settings: A, all three members on a raw story prompt (the papers' "challenging setting":
+two much weaker members); B, Qwen + SmolLM2 on a coding chat prompt. Rows (greedy, bf16, per
+generated token so an early EOS is fair):
 * GaC every token / the sum of each member's own cached greedy decode (goal <= 1.15);
 * SAFE (drafter Qwen) / Qwen alone (goal <= 1.5);
 * GaC with the key-token gate (threshold 0.5, primary Qwen) / Qwen alone (goal <= 1.5);
@@ -50,10 +52,59 @@ print(union.size, first, again, size / 1e6)
 """
 
 
-def per_token(ensemble, tokens: int) -> tuple[float, object]:
-    started = time.perf_counter()
-    result = ensemble.generate(PROMPT, max_new_tokens=tokens)
-    return (time.perf_counter() - started) / result.usage.completion_tokens, result
+CHAT = [
+    {"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number, with a docstring."}
+]
+
+
+def measure(members, prompt, tokens: int, rounds: int) -> tuple[dict[str, float], dict[str, object]]:
+    """Median seconds per generated token of each member alone and of GaC, SAFE and the gate."""
+    from ensemble_core import Ensemble
+    from ensemble_core.methods import SAFE, GaC, Single
+
+    names = [m.name for m in members]
+    setups = {name: Ensemble(members, method=Single(member=name)) for name in names}
+    setups["gac"] = Ensemble(members, method=GaC())
+    setups["safe"] = Ensemble(members, method=SAFE(drafter=names[0]))
+    setups["gate"] = Ensemble(members, method=GaC(threshold=0.5, primary=names[0]))
+    for ensemble in setups.values():  # warm-up, union built
+        ensemble.generate(prompt, max_new_tokens=4)
+    times: dict[str, list[float]] = {k: [] for k in setups}
+    results = {}
+    for _ in range(rounds):
+        for key, ensemble in setups.items():
+            started = time.perf_counter()
+            results[key] = ensemble.generate(prompt, max_new_tokens=tokens)
+            times[key].append((time.perf_counter() - started) / results[key].usage.completion_tokens)
+    return {k: statistics.median(v) for k, v in times.items()}, results
+
+
+def table(title: str, names: list[str], t: dict[str, float], results: dict[str, object]) -> None:
+    print(f"\n{title}")
+    print("| measure | ms / token | ratio | goal | share ensembled | floor ms / token | ratio to floor |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        print(f"| {name} alone | {t[name] * 1e3:.0f} | | | | | |")
+    own_sum = sum(t[n] for n in names)
+    gac_ratio = t["gac"] / own_sum
+    print(
+        f"| GaC every token vs sum of members alone | {t['gac'] * 1e3:.0f} | {gac_ratio:.2f} | <= 1.15 | 100% "
+        f"| {own_sum * 1e3:.0f} | {gac_ratio:.2f} |"
+    )
+    short = names[0].split("-")[0]
+    for key, label in (
+        ("safe", f"SAFE (drafter {short}) vs {short} alone"),
+        ("gate", f"GaC gate 0.5 vs {short} alone"),
+    ):
+        share = results[key].stats.method_stats["share_ensembled"]
+        # The forwards no implementation can avoid at this share: the drafter/primary on
+        # every token, the others on the ensembled ones.
+        floor = t[names[0]] + share * sum(t[n] for n in names[1:])
+        ratio = t[key] / t[names[0]]
+        print(
+            f"| {label} | {t[key] * 1e3:.0f} | {ratio:.2f} | <= 1.5 | {share:.0%} "
+            f"| {floor * 1e3:.0f} | {t[key] / floor:.2f} |"
+        )
 
 
 def main() -> None:
@@ -64,45 +115,15 @@ def main() -> None:
 
     from transformers.utils import logging as hf_logging
 
-    from ensemble_core import Ensemble, HFMember
-    from ensemble_core.methods import SAFE, GaC, Single
+    from ensemble_core import HFMember
 
     hf_logging.disable_progress_bar()
     members = [HFMember.from_pretrained(n, device="cpu") for n in NAMES]
-    setups = {name: Ensemble(members, method=Single(member=name)) for name in NAMES}
-    setups["gac"] = Ensemble(members, method=GaC())
-    setups["safe"] = Ensemble(members, method=SAFE(drafter=NAMES[0]))
-    setups["gate"] = Ensemble(members, method=GaC(threshold=0.5, primary=NAMES[0]))
-    for ensemble in setups.values():  # warm-up, union built
-        ensemble.generate(PROMPT, max_new_tokens=4)
-    times: dict[str, list[float]] = {k: [] for k in setups}
-    results = {}
-    for _ in range(args.rounds):
-        for key, ensemble in setups.items():
-            seconds, results[key] = per_token(ensemble, args.tokens)
-            times[key].append(seconds)
-    t = {k: statistics.median(v) for k, v in times.items()}
-    own_sum = sum(t[n] for n in NAMES)
     print(f"greedy, up to {args.tokens} new tokens, bf16, {os.cpu_count()} CPU threads, median of {args.rounds}")
-    print("| measure | ms / token | ratio | goal | share ensembled | floor ms / token | ratio to floor |")
-    print("|---|---|---|---|---|---|---|")
-    for name in NAMES:
-        print(f"| {name} alone | {t[name] * 1e3:.0f} | | | | | |")
-    gac_ratio = t["gac"] / own_sum
-    print(
-        f"| GaC every token vs sum of members alone | {t['gac'] * 1e3:.0f} | {gac_ratio:.2f} | <= 1.15 | 100% "
-        f"| {own_sum * 1e3:.0f} | {gac_ratio:.2f} |"
-    )
-    for key, label in (("safe", "SAFE (drafter Qwen) vs Qwen alone"), ("gate", "GaC gate 0.5 vs Qwen alone")):
-        share = results[key].stats.method_stats["share_ensembled"]
-        # The forwards no implementation can avoid at this share: Qwen on every token, the
-        # others on the ensembled ones.
-        floor = t[NAMES[0]] + share * (t[NAMES[1]] + t[NAMES[2]])
-        ratio = t[key] / t[NAMES[0]]
-        print(
-            f"| {label} | {t[key] * 1e3:.0f} | {ratio:.2f} | <= 1.5 | {share:.0%} "
-            f"| {floor * 1e3:.0f} | {t[key] / floor:.2f} |"
-        )
+    t, results = measure(members, PROMPT, args.tokens, args.rounds)
+    table("A. all three (the papers' challenging setting), a raw story prompt", list(NAMES), t, results)
+    t, results = measure(members[:2], CHAT, args.tokens, args.rounds)
+    table("B. Qwen + SmolLM2, a coding chat prompt", list(NAMES[:2]), t, results)
     out = subprocess.run([sys.executable, "-c", _UNION_PROBE % (NAMES,)], capture_output=True, text=True, check=True)
     size, first, again, megabytes = out.stdout.split()
     print(
