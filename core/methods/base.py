@@ -41,6 +41,14 @@ class Commit:
     proposals: Mapping[int, Sequence[int]] = field(default_factory=dict)
 
 
+def token_commit(member: Member, member_index: int, token: int) -> Commit:
+    """Commit one token a member chose itself: its bytes (it keeps its id), or the end."""
+    if token in member.eos_token_ids:
+        return Commit(eos=True)
+    spelled = member.table.token_bytes[token] if token < len(member.table) else None
+    return Commit(text=spelled or b"", proposals={member_index: [token]})
+
+
 @dataclass
 class DecodeState:
     """What a method run sees at each step.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
-from ensemble_core.methods.base import Commit, DecodeState, Method, MethodRun, member_index, register
+from ensemble_core.methods.base import Commit, DecodeState, Method, MethodRun, member_index, register, token_commit
 from ensemble_core.sampling import choose_token
 
 
@@ -54,12 +54,7 @@ class _SingleRun(MethodRun):
 
     def step(self, state: DecodeState) -> list[Commit]:
         logits = state.sessions[self._index].next_logits()
-        commits = []
-        for row in range(state.rows):
-            token = choose_token(logits[row], self._settings, state.generators[row])
-            if token in self._member.eos_token_ids:
-                commits.append(Commit(eos=True))
-            else:
-                spelled = self._member.table.token_bytes[token] if token < len(self._member.table) else None
-                commits.append(Commit(text=spelled or b"", proposals={self._index: [token]}))
-        return commits
+        return [
+            token_commit(self._member, self._index, choose_token(logits[row], self._settings, state.generators[row]))
+            for row in range(state.rows)
+        ]

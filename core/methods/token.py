@@ -16,7 +16,15 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
-from ensemble_core.methods.base import Commit, DecodeState, EnsembleMethod, MethodRun, member_index, register
+from ensemble_core.methods.base import (
+    Commit,
+    DecodeState,
+    EnsembleMethod,
+    MethodRun,
+    member_index,
+    register,
+    token_commit,
+)
 from ensemble_core.methods.combine import Combiner, Scored
 from ensemble_core.sampling import choose_token
 from ensemble_core.union import EOS_INDEX, build_union
@@ -174,11 +182,7 @@ class _TokenRun(MethodRun):
                 rest.append(row)
                 continue
             token = choose_token(logits[row], self.settings, state.generators[row])
-            if token in member.eos_token_ids:
-                commits[row] = Commit(eos=True)
-            else:
-                spelled = member.table.token_bytes[token] if token < len(member.table) else None
-                commits[row] = Commit(text=spelled or b"", proposals={primary: [token]})
+            commits[row] = token_commit(member, primary, token)
         return rest
 
     def _entry_commit(self, entry: int, probs: dict[int, torch.Tensor]) -> Commit:
