@@ -163,7 +163,7 @@ class MemberSession:
     def committed_tail(self, row: int, size: int) -> bytes:
         """The last `size` or more bytes of the row's committed text (what stop strings need)."""
         state = self._rows[row]
-        return state.spelled[-size:] + state.held
+        return (state.spelled[-size:] if size else b"") + state.held
 
     def held(self, row: int) -> bytes:
         """Committed bytes this member has not tokenised yet (an incomplete character)."""

@@ -74,6 +74,13 @@ class DecodeState:
         return len(self.generators)
 
 
+def in_step_members(state: DecodeState, row: int, members: Sequence[int]) -> list[int]:
+    """The members whose ids spell all of the row's committed text (a member that cannot
+    spell a split character holds it back and sits the step out, unless all would)."""
+    ready = [m for m in members if not state.sessions[m].held(row)]
+    return ready or list(members)
+
+
 class MethodRun(ABC):
     """One generation's worth of a method's state."""
 

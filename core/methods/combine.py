@@ -19,10 +19,22 @@ from dataclasses import dataclass
 import torch
 
 from ensemble_core.config import GenerationSettings
+from ensemble_core.members.text_sync import MemberSession
 from ensemble_core.sampling import sample, top_p_filter
 from ensemble_core.union import EOS_INDEX, UnionVocab
 
 FirstToken = Callable[[int, bytes], "int | None"]  # (member, text) -> its first token of that text
+
+
+def first_tokens_of(sessions: Mapping[int, MemberSession]) -> FirstToken:
+    """UniTE's lookup for a candidate a member lacks: the member's first token of that text."""
+
+    def first_token(member: int, text: bytes) -> int | None:
+        ids = sessions[member].encoder.encode(text)
+        return ids[0] if ids else None
+
+    return first_token
+
 
 # Greedy shortcut: candidates are each member's top-k; k = 32 decides exactly in nearly
 # every step (ALGORITHMS.md section 8) and costs a fraction of a millisecond.

@@ -23,7 +23,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
 from ensemble_core.members.kv_batch import ScoreRequest
 from ensemble_core.members.text_sync import MemberSession
-from ensemble_core.methods.base import Commit, DecodeState, MethodRun
+from ensemble_core.methods.base import Commit, DecodeState, MethodRun, in_step_members
 from ensemble_core.sampling import choose_token
 
 _SPACE = frozenset(b" \t\n\r")
@@ -230,12 +230,13 @@ class SegmentRun(MethodRun):
         return commits
 
     def _committed_tail(self, state: DecodeState, row: int) -> bytes:
-        session = next(iter(state.sessions.values()))
-        return session.committed_tail(row, 64)
+        """Enough committed text for a stop string to begin in it and end in a draft."""
+        longest = max((len(stop.encode()) for stop in state.settings.stop), default=0)
+        return next(iter(state.sessions.values())).committed_tail(row, longest)
 
     def drafters(self, state: DecodeState, row: int) -> list[int]:
         """Members that draft for this row this round (default: all that have the whole text)."""
-        return [m for m in state.sessions if not state.sessions[m].held(row)] or list(state.sessions)
+        return in_step_members(state, row, list(state.sessions))
 
     def scorers(self, state: DecodeState) -> list[int]:
         return list(state.sessions)

@@ -34,7 +34,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
 from ensemble_core.members.text_sync import MemberSession
 from ensemble_core.methods.base import Commit, DecodeState, EnsembleMethod, MethodRun, member_index, register
-from ensemble_core.methods.combine import Combiner, Scored
+from ensemble_core.methods.combine import Combiner, Scored, first_tokens_of
 from ensemble_core.methods.token import union_for
 from ensemble_core.sampling import sample, top_p_filter
 from ensemble_core.union import EOS_INDEX
@@ -307,7 +307,7 @@ class _SafeRun(MethodRun):
 
     def _ensemble(self, probs: dict[int, torch.Tensor]) -> Scored:
         if self.method.base == "unite":
-            return self.combiner.unite(probs, self.method.top_k, self._first_token)
+            return self.combiner.unite(probs, self.method.top_k, first_tokens_of(self._sessions))
         return Scored(torch.arange(self.combiner.union.size), self.combiner.full(probs))
 
     def _sharpened(self, probs: dict[int, torch.Tensor], scored: Scored) -> Scored:
@@ -354,10 +354,6 @@ class _SafeRun(MethodRun):
         scored = self._ensemble(probs)
         entry = self.combiner.choose(scored, self.settings, generator, self.combiner.preferred(probs))
         return self._commit(_Draft(), 0, entry)
-
-    def _first_token(self, member: int, text: bytes) -> int | None:
-        ids = self._sessions[member].encoder.encode(text)
-        return ids[0] if ids else None
 
     # ------------------------------------------------------------------ results
 

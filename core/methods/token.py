@@ -16,16 +16,18 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
+from ensemble_core.members.text_sync import MemberSession
 from ensemble_core.methods.base import (
     Commit,
     DecodeState,
     EnsembleMethod,
     MethodRun,
+    in_step_members,
     member_index,
     register,
     token_commit,
 )
-from ensemble_core.methods.combine import Combiner, Scored
+from ensemble_core.methods.combine import Combiner, Scored, first_tokens_of
 from ensemble_core.sampling import choose_token
 from ensemble_core.union import EOS_INDEX, build_union
 
@@ -35,13 +37,6 @@ def union_for(members: Sequence[Member]):
     return build_union(
         [m.table for m in members], [m.eos_token_ids for m in members], [m.logits_width for m in members]
     )
-
-
-def in_step_members(state: DecodeState, row: int, members: Sequence[int]) -> list[int]:
-    """The members whose ids spell all of the row's committed text (a member that cannot
-    spell a split character holds it back and sits the step out, unless all would)."""
-    ready = [m for m in members if not state.sessions[m].held(row)]
-    return ready or list(members)
 
 
 class TokenMethod(EnsembleMethod):
@@ -127,7 +122,7 @@ class UniTE(TokenMethod):
         self.top_k = top_k
 
     def decide(self, run: _TokenRun, probs: dict[int, torch.Tensor], generator: torch.Generator | None) -> int:
-        scored = run.combiner.unite(probs, self.top_k, run.first_token)
+        scored = run.combiner.unite(probs, self.top_k, first_tokens_of(run.sessions))
         return run.combiner.choose(scored, run.settings, generator, run.combiner.preferred(probs))
 
     def __repr__(self) -> str:
@@ -145,14 +140,10 @@ class _TokenRun(MethodRun):
         self.steps = 0
         self.ensembled = 0
         self.shortcut_hits = 0
-        self._sessions: dict[int, Any] = {}
-
-    def first_token(self, member: int, text: bytes) -> int | None:
-        ids = self._sessions[member].encoder.encode(text)
-        return ids[0] if ids else None
+        self.sessions: dict[int, MemberSession] = {}
 
     def step(self, state: DecodeState) -> list[Commit]:
-        self._sessions = state.sessions
+        self.sessions = state.sessions
         commits: list[Commit | None] = [None] * state.rows
         to_ensemble = list(range(state.rows))
         gate = self.method.gate()
