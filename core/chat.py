@@ -14,16 +14,19 @@ their own format. Rules:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import jinja2
 
+from ensemble_core.conversation import fit_conversation, merge_consecutive_roles
 from ensemble_core.errors import ConfigError, TemplateError
 
 Message: TypeAlias = Mapping[str, Any]
 Prompt: TypeAlias = str | Sequence[Message]
+Tools: TypeAlias = Sequence[Mapping[str, Any]] | None
 
 
 def validate_prompt(prompt: Any, where: str = "prompt") -> None:
@@ -45,6 +48,22 @@ def validate_prompt(prompt: Any, where: str = "prompt") -> None:
             )
 
 
+def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """OpenAI-style tool definitions (`{"type": "function", "function": {"name", ...}}`), checked."""
+    if tools is None or (isinstance(tools, Sequence) and len(tools) == 0):
+        return None
+    if isinstance(tools, str | bytes | Mapping) or not isinstance(tools, Sequence):
+        raise ConfigError(f"`tools` must be a list of tool definitions, but is {type(tools).__name__}.")
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ConfigError(
+                f"`tools[{index}]` must look like {{'type': 'function', 'function': {{'name': ..., "
+                f"'description': ..., 'parameters': {{...}}}}}}, but is {tool!r:.80}."
+            )
+    return [dict(t) for t in tools]
+
+
 def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -62,9 +81,13 @@ def render_prompt(
     tokenizer: Any,
     prompt: Prompt,
     member_name: str,
-    tools: Sequence[Mapping[str, Any]] | None = None,
+    tools: Tools = None,
+    reply_prefix: str = "",
 ) -> list[int]:
     """The member's prompt ids for `prompt` (see the module docstring for the rules).
+
+    `reply_prefix` is encoded (without special tokens) after the generation prompt, so the
+    member continues from it.
 
     Raises:
         TemplateError: messages were given but the member has no chat template, or its
@@ -77,27 +100,45 @@ def render_prompt(
                 f"Tools need a conversation: member {member_name!r} got a raw string prompt. "
                 "Pass a list of messages instead."
             )
-        return list(tokenizer.encode(prompt, add_special_tokens=True))
+        return list(tokenizer.encode(prompt, add_special_tokens=True)) + _encode_plain(tokenizer, reply_prefix)
     if not has_chat_template(tokenizer):
         raise TemplateError(
             f"Member {member_name!r} has no chat template, so it cannot take a list of messages. "
             "Pass a plain string prompt (raw completion), or load the member with "
             "`chat_template=...` (a Jinja template string)."
         )
-    messages = [dict(copy.deepcopy(m)) for m in prompt]  # never hand the caller's objects to Jinja
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False
-        )
-    except Exception as error:  # Jinja raises TemplateError, TypeError, ... depending on the template
-        raise TemplateError(
-            f"The chat template of member {member_name!r} rejected the conversation: {error}"
-        ) from error
+    messages, template_tools = fit_conversation(tokenizer, copy.deepcopy(list(prompt)), tools)
+    text = _apply_template(tokenizer, messages, template_tools, member_name)
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     bos = getattr(tokenizer, "bos_token_id", None)
     if adds_bos(tokenizer) and (not ids or ids[0] != bos):
         ids.insert(0, bos)
-    return ids
+    return ids + _encode_plain(tokenizer, reply_prefix)
+
+
+def _encode_plain(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+
+def _apply_template(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, member_name: str
+) -> str:
+    """The template's text; runs of one role are merged only if the template rejects them."""
+
+    def apply(conversation: list[dict[str, Any]]) -> str:
+        return tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True, tokenize=False)
+
+    try:
+        return apply(messages)
+    except Exception as error:  # Jinja raises TemplateError, TypeError, ... depending on the template
+        rejection = error
+    merged = merge_consecutive_roles(messages)
+    if len(merged) < len(messages):
+        with contextlib.suppress(Exception):  # if merging does not help, the first rejection is the one to report
+            return apply(merged)
+    raise TemplateError(
+        f"The chat template of member {member_name!r} rejected the conversation: {rejection}"
+    ) from rejection
 
 
 def chat_end_token_ids(tokenizer: Any) -> set[int]:

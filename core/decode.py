@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,11 +36,13 @@ def decode(
     method: Method,
     prompt_ids: dict[int, list[list[int]]],
     settings: GenerationSettings,
+    cancel: threading.Event | None = None,
 ) -> Iterator[StreamChunk]:
     """Generate for every prompt at once; yields text as it becomes final, per prompt index.
 
     Args:
         prompt_ids: member index -> rendered prompt ids per prompt (participants only).
+        cancel: once set, generation ends after the current step, without results.
 
     Yields:
         `StreamChunk`s; each prompt's last one has `finish_reason` and `result`.
@@ -53,6 +56,8 @@ def decode(
     run = method.start(members, settings)
     reference = method.reference_member(members)
     while rows:
+        if cancel is not None and cancel.is_set():
+            return
         state.remaining = [settings.max_new_tokens - row.steps for row in rows]
         commits = run.step(state)
         finished: list[int] = []

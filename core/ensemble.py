@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Unpack
 
-from ensemble_core.chat import Prompt, validate_prompt
+from ensemble_core.aio import agenerate, astream
+from ensemble_core.chat import Prompt, Tools, validate_prompt, validate_tools
 from ensemble_core.config import GenerationSettings, SettingsKwargs, build_settings
 from ensemble_core.decode import decode
 from ensemble_core.errors import ConfigError
@@ -65,64 +66,129 @@ class Ensemble:
     def generate(
         self,
         prompt: Prompt,
+        *,
+        tools: Tools = None,
+        reply_prefix: str = "",
         **settings: Unpack[SettingsKwargs],
     ) -> GenerationResult:
         """Generate for one prompt: a `str` (raw completion) or a list of chat messages.
 
-        Settings (all optional; see `GenerationSettings`): `max_new_tokens` (256), `stop`,
-        `temperature` (0: greedy), `top_p` (1.0), `seed`. An unknown setting is a `ConfigError`.
+        Args:
+            prompt: a `str` (raw completion) or a list of `{"role", "content"}` messages
+                (also `tool_calls` on assistant turns and `"tool"` results).
+            tools: OpenAI-style tool definitions, rendered by each member's own template
+                (or as a tools section where a template has none; see `conversation`).
+            reply_prefix: text the reply is made to begin with (in every member's tokens,
+                after the generation prompt); not part of `result.text`. Forces a format,
+                e.g. the opening of a tool call.
+            settings: (all optional; see `GenerationSettings`) `max_new_tokens` (256), `stop`,
+                `temperature` (0: greedy), `top_p` (1.0), `seed`. An unknown one is a `ConfigError`.
         """
-        return self._collect([prompt], build_settings(**settings))[0]
+        return self._collect([prompt], build_settings(**settings), tools, reply_prefix)[0]
 
     def generate_batch(
         self,
         prompts: Sequence[Prompt],
+        *,
+        tools: Tools = None,
+        reply_prefix: str = "",
         **settings: Unpack[SettingsKwargs],
     ) -> list[GenerationResult]:
-        """Generate for many prompts at once (one batched forward per step); results in order."""
+        """Generate for many prompts at once (one batched forward per step); results in order.
+
+        Arguments as for `generate`; `tools` and `reply_prefix` apply to every prompt.
+        """
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise ConfigError("`prompts` must be a list of prompts; for one prompt use `generate`.")
         if len(prompts) == 0:
             raise ConfigError("`prompts` is an empty list; give at least one prompt.")
-        return self._collect(list(prompts), build_settings(**settings))
+        return self._collect(list(prompts), build_settings(**settings), tools, reply_prefix)
 
     def stream(
         self,
         prompt: Prompt,
+        *,
+        tools: Tools = None,
+        reply_prefix: str = "",
+        cancel: threading.Event | None = None,
         **settings: Unpack[SettingsKwargs],
     ) -> Iterator[StreamChunk]:
         """Yield text as it is committed; the last chunk carries `finish_reason` and `result`.
 
-        Text that could still become a stop string is held back until it cannot.
+        Arguments as for `generate`, plus `cancel`: once that event is set (from any thread),
+        generation stops after the current step and the iterator ends without a result.
+        Text that could still become a stop string is held back until it cannot. Input is
+        checked (and prompts rendered) before this returns; the ensemble is held only while
+        the iterator runs, and closing it early (`close()`, or leaving a `for` loop) ends the
+        generation and frees the ensemble for the next call.
         """
         checked = build_settings(**settings)
-        prompt_ids = self._render([prompt], checked)
-        return self._locked_stream(prompt_ids, checked)
+        prompt_ids = self._render([prompt], checked, tools, reply_prefix)
+        return self._locked_stream(prompt_ids, checked, cancel)
+
+    async def agenerate(
+        self, prompt: Prompt, *, tools: Tools = None, reply_prefix: str = "", **settings: Unpack[SettingsKwargs]
+    ) -> GenerationResult:
+        """`generate` for asyncio: the work runs in a worker thread; cancelling the task stops it."""
+        return await agenerate(self, prompt, tools=tools, reply_prefix=reply_prefix, **settings)
+
+    def astream(
+        self,
+        prompt: Prompt,
+        *,
+        tools: Tools = None,
+        reply_prefix: str = "",
+        cancel: threading.Event | None = None,
+        **settings: Unpack[SettingsKwargs],
+    ) -> AsyncIterator[StreamChunk]:
+        """`stream` for asyncio: never blocks the event loop; closing or cancelling it stops generation."""
+        return astream(self, prompt, tools=tools, reply_prefix=reply_prefix, cancel=cancel, **settings)
+
+    @property
+    def context_window(self) -> int:
+        """Tokens the smallest member can hold (0: no member states a limit)."""
+        windows = [m.context_window for m in self.members if m.context_window]
+        return min(windows, default=0)
+
+    @property
+    def model_name(self) -> str:
+        """A readable identifier for tracing: the method and the members, e.g. `safe(qwen+smol)`."""
+        return f"{self.method.name}({'+'.join(m.name for m in self.members)})"
 
     # ------------------------------------------------------------------ internals
 
     def _locked_stream(
-        self, prompt_ids: dict[int, list[list[int]]], settings: GenerationSettings
+        self,
+        prompt_ids: dict[int, list[list[int]]],
+        settings: GenerationSettings,
+        cancel: threading.Event | None = None,
     ) -> Iterator[StreamChunk]:
         with self._lock:
-            yield from decode(self.members, self.method, prompt_ids, settings)
+            yield from decode(self.members, self.method, prompt_ids, settings, cancel)
 
-    def _collect(self, prompts: list[Prompt], settings: GenerationSettings) -> list[GenerationResult]:
-        prompt_ids = self._render(prompts, settings)
+    def _collect(
+        self, prompts: list[Prompt], settings: GenerationSettings, tools: Tools, reply_prefix: str
+    ) -> list[GenerationResult]:
+        prompt_ids = self._render(prompts, settings, tools, reply_prefix)
         results: list[GenerationResult | None] = [None] * len(prompts)
         for chunk in self._locked_stream(prompt_ids, settings):
             if chunk.result is not None:
                 results[chunk.index] = chunk.result
         return [r for r in results if r is not None]
 
-    def _render(self, prompts: list[Prompt], settings: GenerationSettings) -> dict[int, list[list[int]]]:
+    def _render(
+        self, prompts: list[Prompt], settings: GenerationSettings, tools: Tools, reply_prefix: str
+    ) -> dict[int, list[list[int]]]:
         """Every participant's prompt ids, with all input checks done before any forward."""
         for index, prompt in enumerate(prompts):
             validate_prompt(prompt, where=f"prompts[{index}]" if len(prompts) > 1 else "prompt")
+        if not isinstance(reply_prefix, str):
+            raise ConfigError(f"`reply_prefix` must be a string, but is {type(reply_prefix).__name__}.")
+        tools = validate_tools(tools)
         rendered: dict[int, list[list[int]]] = {}
         for m in self.method.participants(self.members):
             member = self.members[m]
-            rendered[m] = [member.render(p) for p in prompts]
+            rendered[m] = [member.render(p, tools, reply_prefix) for p in prompts]
             for index, ids in enumerate(rendered[m]):
                 self._check_fits(member, ids, index, settings)
         return rendered

@@ -105,6 +105,40 @@ class GenerationResult:
     data: bytes = b""
     token_ids: dict[str, list[int]] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, Any]:
+        """How the answer was made, as plain JSON values, for frameworks' response metadata.
+
+        Keys: `method`; `share_ensembled` (tokens decided by several members, when the method
+        reports it); `winners` (rounds won per member, span/segment methods); `steps`;
+        `wall_seconds`; `member_seconds` (forward seconds per member); `member_usage`
+        (prompt/completion tokens per member, in its own tokens); `method_stats` (all of the
+        method's figures).
+        """
+        rounds = self.stats.method_stats.get("per_round") or []
+        winners: dict[str, int] = {}
+        for round_stats in rounds:
+            for name in _as_names(round_stats.get("winner")):
+                winners[name] = winners.get(name, 0) + 1
+        return {
+            "method": self.stats.method,
+            "share_ensembled": self.stats.method_stats.get("share_ensembled"),
+            "winners": winners,
+            "steps": self.stats.steps,
+            "wall_seconds": round(self.stats.wall_seconds, 4),
+            "member_seconds": {name: round(s.forward_seconds, 4) for name, s in self.stats.members.items()},
+            "member_usage": {
+                name: {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
+                for name, u in self.usage.members.items()
+            },
+            "method_stats": self.stats.method_stats,
+        }
+
+
+def _as_names(winner: Any) -> list[str]:
+    if isinstance(winner, str):
+        return [winner]
+    return [w for w in winner or () if isinstance(w, str)]
+
 
 @dataclass(frozen=True)
 class StreamChunk:

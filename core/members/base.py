@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from ensemble_core.chat import Prompt
+from ensemble_core.chat import Prompt, Tools
 from ensemble_core.members.text_sync import MemberSession
 from ensemble_core.vocab import TokenTable
 
@@ -32,8 +32,8 @@ class Member(ABC):
         return self.table.token_bytes
 
     @abstractmethod
-    def render(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """This member's prompt ids for a raw string or a conversation."""
+    def render(self, prompt: Prompt, tools: Tools = None, reply_prefix: str = "") -> list[int]:
+        """This member's prompt ids for a raw string or a conversation (+ tools, + the start of the reply)."""
 
     @abstractmethod
     def start(self, prompts: Sequence[Sequence[int]]) -> MemberSession:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ensemble_core import packaged
-from ensemble_core.chat import Prompt, chat_end_token_ids, render_prompt
+from ensemble_core.chat import Prompt, Tools, chat_end_token_ids, render_prompt
 from ensemble_core.devices import resolve_device, resolve_dtype
 from ensemble_core.errors import ConfigError, ModelLoadError
 from ensemble_core.members.base import Member
@@ -138,8 +138,8 @@ class HFMember(Member):
         model.to(target_device)
         return cls(model, tokenizer, name or packaged_name or _default_name(name_or_path))
 
-    def render(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        return render_prompt(self.tokenizer, prompt, self.name, tools)
+    def render(self, prompt: Prompt, tools: Tools = None, reply_prefix: str = "") -> list[int]:
+        return render_prompt(self.tokenizer, prompt, self.name, tools, reply_prefix)
 
     def start(self, prompts: Sequence[Sequence[int]]) -> MemberSession:
         batch = KVBatch(self.model, prompts, pad_token_id=self._pad_id)

@@ -184,7 +184,10 @@ def resolve_method(method: Method | str, params: Mapping[str, Any] | None = None
     if not isinstance(method, str) or method.lower() not in METHODS:
         known = ", ".join(sorted(METHODS))
         raise UnknownNameError(f"Unknown method {method!r}. Known methods: {known}.")
-    return METHODS[method.lower()](**dict(params or {}))
+    try:
+        return METHODS[method.lower()](**dict(params or {}))
+    except TypeError as error:  # an unknown or missing keyword of the method's __init__
+        raise ConfigError(f"`method_params` do not fit method {method!r}: {error}") from None
 
 
 def member_index(members: Sequence[Member], name: str, role: str) -> int:

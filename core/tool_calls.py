@@ -1,0 +1,263 @@
+"""Tool calls in generated text: parsing a finished reply, and separating them while streaming.
+
+Both framework adapters (LangChain, LlamaIndex) read tool calls through this one module, so a
+reply means the same thing everywhere. Two formats are understood:
+
+* the Hermes/Qwen format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any
+  number of times, with free text around the blocks. An unclosed last block is read as if
+  closed (a model may end its turn right after the JSON);
+* a reply that is nothing but a JSON object (optionally inside a ```json fence) with a
+  ``"name"`` of one of the offered tools and ``"arguments"`` (or ``"parameters"``), or a JSON
+  list of such objects. Only offered tool names count here, so an ordinary JSON answer is
+  never mistaken for a call.
+
+A call a model writes badly (invalid JSON, no name, arguments that are not an object, a tool
+that was not offered) becomes an `InvalidToolCall` carrying the raw text and the reason; it is
+never an exception, so a chain or agent can show the model its mistake.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+_FENCE = "```"
+_NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
+
+
+def new_call_id() -> str:
+    """A fresh id in the format OpenAI-style clients expect (`call_` + 24 hex digits)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model wrote correctly: `arguments` is the parsed JSON object."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = field(default_factory=new_call_id)
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class InvalidToolCall:
+    """A tool call the model attempted but wrote wrongly.
+
+    Attributes:
+        text: what the model wrote for the call (the JSON part, as written).
+        error: why it is not a valid call, in words a user (or the model) can act on.
+        name: the tool name, when it could be read.
+        arguments: the arguments as written (a string), when they could be located.
+    """
+
+    text: str
+    error: str
+    name: str | None = None
+    arguments: str | None = None
+    id: str = field(default_factory=new_call_id)
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """A reply split into the text meant for the user and the tool calls."""
+
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
+
+
+def parse_reply(text: str, tool_names: Collection[str] | None = None) -> ParsedReply:
+    """Split `text` into content and tool calls (see the module docstring for the formats).
+
+    Args:
+        text: the generated reply.
+        tool_names: the names of the tools that were offered; None means no tools were
+            offered (then `<tool_call>` blocks are still read, and reported invalid).
+    """
+    names = set(tool_names) if tool_names is not None else None
+    if CALL_OPEN in text:
+        return _parse_tagged(text, names)
+    if names:
+        bare = _parse_bare_json(text, names)
+        if bare is not None:
+            return bare
+    return ParsedReply(content=text)
+
+
+def _parse_tagged(text: str, names: set[str] | None) -> ParsedReply:
+    content_parts: list[str] = []
+    read: list[ToolCall | InvalidToolCall] = []
+    rest = text
+    while CALL_OPEN in rest:
+        before, _, after = rest.partition(CALL_OPEN)
+        content_parts.append(before)
+        body, closed, rest = after.partition(CALL_CLOSE)
+        if not closed:
+            rest = ""
+        read.append(_read_call(body.strip(), names))
+    content_parts.append(rest)
+    return _reply("".join(content_parts).strip(), read)
+
+
+def _reply(content: str, read: list[ToolCall | InvalidToolCall]) -> ParsedReply:
+    calls = [c for c in read if isinstance(c, ToolCall)]
+    return ParsedReply(content, calls, [c for c in read if isinstance(c, InvalidToolCall)])
+
+
+def _parse_bare_json(text: str, names: set[str]) -> ParsedReply | None:
+    """The reply as bare JSON call(s), or None when it is not one (then it is plain content)."""
+    body = _strip_fence(text.strip())
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    objects = value if isinstance(value, list) else [value]
+    if not objects or not all(isinstance(o, Mapping) and o.get("name") in names for o in objects):
+        return None
+    return _reply("", [_read_call(json.dumps(obj, ensure_ascii=False), names) for obj in objects])
+
+
+def _strip_fence(text: str) -> str:
+    if text.startswith(_FENCE) and text.endswith(_FENCE) and len(text) > 2 * len(_FENCE):
+        inner = text[len(_FENCE) : -len(_FENCE)]
+        first_line, _, remainder = inner.partition("\n")
+        return remainder.strip() if first_line.strip().isalpha() or not first_line.strip() else inner.strip()
+    return text
+
+
+def _read_call(body: str, names: set[str] | None) -> ToolCall | InvalidToolCall:
+    """One call read from its JSON `body`; `names` None means no tools were offered."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as error:
+        name = match.group(1) if (match := _NAME.search(body)) else None
+        return InvalidToolCall(body, f"the tool call is not valid JSON ({error})", name)
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return InvalidToolCall(body, 'a tool call must be a JSON object with a string "name"')
+    name = obj["name"]
+    raw_arguments = obj.get("arguments", obj.get("parameters", {}))
+    arguments = raw_arguments
+    if isinstance(raw_arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(raw_arguments) if raw_arguments.strip() else {}
+        except json.JSONDecodeError:
+            arguments = None
+    arguments_text = raw_arguments if isinstance(raw_arguments, str) else json.dumps(raw_arguments, ensure_ascii=False)
+    if not isinstance(arguments, Mapping):
+        return InvalidToolCall(body, f'the "arguments" of {name!r} must be a JSON object', name, arguments_text)
+    if names is None:
+        return InvalidToolCall(body, f"the model called {name!r}, but no tools were offered", name, arguments_text)
+    if name not in names:
+        return InvalidToolCall(body, f"there is no tool named {name!r}; offered: {sorted(names)}", name, arguments_text)
+    return ToolCall(name, dict(arguments))
+
+
+@dataclass
+class StreamEvent:
+    """One thing the stream splitter releases: new text, or a finished tool call."""
+
+    text: str = ""
+    call: ToolCall | None = None
+    invalid: InvalidToolCall | None = None
+
+
+class ToolCallStream:
+    """Separates tool calls from text while a reply streams in.
+
+    Text is released as soon as it cannot be the start of a call; a `<tool_call>` block is
+    held until it closes and released as one call. When tools were offered and the reply
+    begins like bare JSON (`{`, `[` or a fence), everything is held to the end, because only
+    the whole reply tells a JSON call from a JSON answer. `finish()` releases the rest.
+    """
+
+    def __init__(self, tool_names: Collection[str] | None = None):
+        self._names = set(tool_names) if tool_names is not None else None
+        self._pending = ""  # received, not released
+        self._seen_text = False  # any non-whitespace text released or held as text
+        self._holding_bare = False
+
+    def feed(self, delta: str) -> list[StreamEvent]:
+        self._pending += delta
+        events: list[StreamEvent] = []
+        while True:
+            if self._holding_bare:
+                return events
+            if not self._seen_text and self._names:
+                stripped = self._pending.lstrip()
+                if not stripped:
+                    return events
+                if stripped[0] in "{[" or _FENCE.startswith(stripped[:3]):
+                    self._holding_bare = True
+                    return events
+            start = self._pending.find(CALL_OPEN)
+            if start < 0:
+                keep = _partial_marker_length(self._pending)
+                self._release_text(self._pending[: len(self._pending) - keep], events)
+                self._pending = self._pending[len(self._pending) - keep :]
+                return events
+            self._release_text(self._pending[:start], events)
+            end = self._pending.find(CALL_CLOSE, start)
+            if end < 0:
+                self._pending = self._pending[start:]
+                return events
+            events.extend(self._call_events(self._pending[start + len(CALL_OPEN) : end]))
+            self._pending = self._pending[end + len(CALL_CLOSE) :]
+            self._seen_text = True
+
+    def finish(self) -> list[StreamEvent]:
+        """Everything still held: an open call read as closed, bare JSON read as a whole."""
+        pending, self._pending = self._pending, ""
+        events: list[StreamEvent] = []
+        if self._holding_bare:
+            parsed = _parse_bare_json(pending, self._names or set())
+            if parsed is None:
+                return [StreamEvent(text=pending)]
+            events.extend(StreamEvent(call=c) for c in parsed.tool_calls)
+            events.extend(StreamEvent(invalid=c) for c in parsed.invalid_tool_calls)
+            return events
+        if pending.startswith(CALL_OPEN):
+            return self._call_events(pending[len(CALL_OPEN) :])
+        self._release_text(pending, events)
+        return events
+
+    def _release_text(self, text: str, events: list[StreamEvent]) -> None:
+        if text:
+            events.append(StreamEvent(text=text))
+            self._seen_text = self._seen_text or bool(text.strip())
+
+    def _call_events(self, body: str) -> list[StreamEvent]:
+        read = _read_call(body.strip(), self._names)
+        return [StreamEvent(call=read) if isinstance(read, ToolCall) else StreamEvent(invalid=read)]
+
+
+def _partial_marker_length(text: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of `<tool_call>`."""
+    for size in range(min(len(CALL_OPEN) - 1, len(text)), 0, -1):
+        if CALL_OPEN.startswith(text[-size:]):
+            return size
+    return 0
+
+
+def forced_call_prefix(tool_names: Sequence[str], choice: str) -> str:
+    """The opening of a reply that makes the model call a tool (the rest it writes itself).
+
+    Small models often answer in prose when told to call a tool; starting their reply with
+    the call's opening (in each member's own tokens) leaves them only the arguments to
+    write. `choice` is a tool name, or "any" (one tool offered: that one; several: the
+    model picks the name).
+    """
+    if choice != "any":
+        return f'{CALL_OPEN}\n{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": {{'
+    if len(tool_names) == 1:
+        return forced_call_prefix(tool_names, tool_names[0])
+    return f'{CALL_OPEN}\n{{"name": "'

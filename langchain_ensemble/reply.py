@@ -1,0 +1,169 @@
+"""One chat call: the request handed to the core, and the reply turned into LangChain messages."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.outputs import ChatGenerationChunk
+
+from ensemble_core.conversation import with_system_note
+from ensemble_core.results import GenerationResult, StreamChunk
+from ensemble_core.tool_calls import (
+    CALL_CLOSE,
+    InvalidToolCall,
+    ParsedReply,
+    StreamEvent,
+    ToolCall,
+    ToolCallStream,
+    forced_call_prefix,
+    parse_reply,
+)
+from langchain_ensemble.messages import to_core_messages
+
+PROVIDER = "ensemble-llm"
+_JSON_OBJECT_NOTE = "Reply with one JSON object and nothing else: no prose, no code fence."
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """What the core is asked for, and what reading the reply needs to know."""
+
+    prompt: list[dict[str, Any]]
+    settings: dict[str, Any]
+    tools: list[dict[str, Any]] | None = None
+    tool_names: list[str] | None = None
+    reply_prefix: str = ""
+    core_arguments: dict[str, Any] = field(default_factory=dict)
+
+
+def build_request(messages: list[BaseMessage], settings: dict[str, Any], options: dict[str, Any]) -> ChatRequest:
+    """The core request for `messages` with call `options` (tools, tool_choice, response_format)."""
+    prompt = to_core_messages(messages)
+    tools = options.get("tools") or None
+    choice = options.get("tool_choice")
+    if choice == "none":
+        tools = None
+    names = [t["function"]["name"] for t in tools] if tools else None
+    prefix = forced_call_prefix(names, choice) if names and choice not in (None, "none") else ""
+    stops = list(settings.get("stop") or [])
+    if names and options.get("parallel_tool_calls") is False:
+        stops.append(CALL_CLOSE)  # one call, then stop: the parser reads an unclosed call as closed
+    response_format = options.get("response_format")
+    if response_format is not None:
+        prompt = with_system_note(prompt, _format_note(response_format))
+        prefix = prefix or "{"
+    settings = {**settings, "stop": stops}
+    core = {"tools": tools, "reply_prefix": prefix, **settings}
+    return ChatRequest(prompt, settings, tools, names, prefix, core)
+
+
+def _format_note(response_format: dict[str, Any]) -> str:
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return _JSON_OBJECT_NOTE
+    if kind == "json_schema":
+        schema = response_format.get("schema") or (response_format.get("json_schema") or {}).get("schema")
+        if isinstance(schema, dict):
+            return f"{_JSON_OBJECT_NOTE} The object must follow this JSON schema:\n{json.dumps(schema)}"
+    raise ValueError(
+        "`response_format` must be {'type': 'json_object'} or {'type': 'json_schema', 'schema': {...}}, "
+        f"but is {response_format!r}"
+    )
+
+
+def final_message(request: ChatRequest, result: GenerationResult, model_name: str) -> AIMessage:
+    """The whole reply as one `AIMessage` (content, tool calls, usage, metadata)."""
+    parsed = parse_reply(request.reply_prefix + result.text, request.tool_names)
+    return AIMessage(
+        content=parsed.content,
+        tool_calls=[_tool_call(c) for c in parsed.tool_calls],
+        invalid_tool_calls=[_invalid_call(c) for c in parsed.invalid_tool_calls],
+        usage_metadata=usage_metadata(result),
+        response_metadata=response_metadata(result, model_name, parsed),
+    )
+
+
+def usage_metadata(result: GenerationResult) -> UsageMetadata:
+    """Counts in the tokens of the method's reference member (see `Usage.counted_by`)."""
+    usage = result.usage
+    return UsageMetadata(
+        input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
+    )
+
+
+def response_metadata(result: GenerationResult, model_name: str, parsed: ParsedReply) -> dict[str, Any]:
+    finish = "tool_calls" if parsed.tool_calls else ("length" if result.finish_reason == "length" else "stop")
+    return {
+        "model_name": model_name,
+        "model_provider": PROVIDER,
+        "finish_reason": finish,
+        "ensemble_finish_reason": result.finish_reason,
+        "usage_counted_by": result.usage.counted_by,
+        "ensemble": result.summary(),
+    }
+
+
+def _tool_call(call: ToolCall) -> Any:
+    return tool_call(name=call.name, args=call.arguments, id=call.id)
+
+
+def _invalid_call(call: InvalidToolCall) -> Any:
+    return invalid_tool_call(name=call.name, args=call.arguments or call.text, id=call.id, error=call.error)
+
+
+class StreamedReply:
+    """Core stream chunks -> `ChatGenerationChunk`s: text as it comes, each tool call once whole.
+
+    Usage and metadata go on the last chunk only, so adding the chunks up counts the input
+    tokens once.
+    """
+
+    def __init__(self, request: ChatRequest, model_name: str):
+        self._request = request
+        self._model_name = model_name
+        self._splitter = ToolCallStream(request.tool_names)
+        self._waiting = self._splitter.feed(request.reply_prefix) if request.reply_prefix else []
+        self._calls = 0
+        self.result: GenerationResult | None = None
+
+    def chunks(self, core_chunk: StreamChunk) -> list[ChatGenerationChunk]:
+        events = [*self._waiting, *self._splitter.feed(core_chunk.text)]
+        self._waiting = []
+        if core_chunk.result is not None:
+            events += self._splitter.finish()
+        out = [self._event_chunk(event) for event in events if event.text or event.call or event.invalid]
+        if core_chunk.result is not None:
+            self.result = core_chunk.result
+            parsed = parse_reply(self._request.reply_prefix + core_chunk.result.text, self._request.tool_names)
+            last = AIMessageChunk(
+                content="",
+                usage_metadata=usage_metadata(core_chunk.result),
+                response_metadata=response_metadata(core_chunk.result, self._model_name, parsed),
+                chunk_position="last",
+            )
+            out.append(
+                ChatGenerationChunk(
+                    message=last, generation_info={"finish_reason": last.response_metadata["finish_reason"]}
+                )
+            )
+        return out
+
+    def _event_chunk(self, event: StreamEvent) -> ChatGenerationChunk:
+        if event.call is not None:
+            piece = tool_call_chunk(
+                name=event.call.name, args=event.call.arguments_json, id=event.call.id, index=self._next_index()
+            )
+            return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[piece]))
+        if event.invalid is not None:
+            bad = _invalid_call(event.invalid)
+            return ChatGenerationChunk(message=AIMessageChunk(content="", invalid_tool_calls=[bad]))
+        return ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+
+    def _next_index(self) -> int:
+        self._calls += 1
+        return self._calls - 1
