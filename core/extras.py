@@ -10,6 +10,4 @@ from ensemble_core.errors import MissingPackageError
 def require_extra(module: str, extra: str) -> None:
     """Raise `MissingPackageError` naming the pip command when `module` is not installed."""
     if importlib.util.find_spec(module) is None:
-        raise MissingPackageError(
-            f"`{module}` is not installed; install it with: pip install 'ensemble-llm[{extra}]'"
-        )
+        raise MissingPackageError(f"`{module}` is not installed; install it with: pip install 'ensemble-llm[{extra}]'")

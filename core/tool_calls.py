@@ -116,7 +116,7 @@ def _reply(content: str, read: list[ToolCall | InvalidToolCall]) -> ParsedReply:
 
 def _parse_bare_json(text: str, names: set[str]) -> ParsedReply | None:
     """The reply as bare JSON call(s), or None when it is not one (then it is plain content)."""
-    body = _strip_fence(text.strip())
+    body = _strip_fence(text.strip().removesuffix(CALL_CLOSE).strip())  # a model may drop only the opening tag
     try:
         value = json.loads(body)
     except json.JSONDecodeError:
@@ -248,16 +248,20 @@ def _partial_marker_length(text: str) -> int:
     return 0
 
 
-def forced_call_prefix(tool_names: Sequence[str], choice: str) -> str:
+def forced_call_prefix(tools: Sequence[Mapping[str, Any]], choice: str) -> str:
     """The opening of a reply that makes the model call a tool (the rest it writes itself).
 
-    Small models often answer in prose when told to call a tool; starting their reply with
-    the call's opening (in each member's own tokens) leaves them only the arguments to
-    write. `choice` is a tool name, or "any" (one tool offered: that one; several: the
-    model picks the name).
+    Small models often answer in prose when told to call a tool, and write `{city: ...}`
+    without quotes; starting their reply with the call's opening (in each member's own
+    tokens), up to the quote of the first argument name when the tool takes arguments,
+    leaves them little to get wrong. `tools` are OpenAI-style definitions; `choice` is a
+    tool name, or "any" (one tool offered: that one; several: the model writes the name).
     """
-    if choice != "any":
-        return f'{CALL_OPEN}\n{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": {{'
-    if len(tool_names) == 1:
-        return forced_call_prefix(tool_names, tool_names[0])
-    return f'{CALL_OPEN}\n{{"name": "'
+    by_name = {t["function"]["name"]: t["function"] for t in tools}
+    if choice == "any":
+        if len(by_name) != 1:
+            return f'{CALL_OPEN}\n{{"name": "'
+        choice = next(iter(by_name))
+    takes_arguments = bool((by_name[choice].get("parameters") or {}).get("properties"))
+    opening = '{"' if takes_arguments else "{"
+    return f'{CALL_OPEN}\n{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": {opening}'

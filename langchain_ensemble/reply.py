@@ -49,7 +49,7 @@ def build_request(messages: list[BaseMessage], settings: dict[str, Any], options
     if choice == "none":
         tools = None
     names = [t["function"]["name"] for t in tools] if tools else None
-    prefix = forced_call_prefix(names, choice) if names and choice not in (None, "none") else ""
+    prefix = forced_call_prefix(tools, choice) if tools and choice not in (None, "none") else ""
     stops = list(settings.get("stop") or [])
     if names and options.get("parallel_tool_calls") is False:
         stops.append(CALL_CLOSE)  # one call, then stop: the parser reads an unclosed call as closed
