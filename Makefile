@@ -6,10 +6,12 @@ export HF_HUB_OFFLINE := 1
 demo:
 	bash scripts/setup.sh
 	.venv/bin/python examples/demo.py
+	.venv/bin/python examples/langchain_chain.py
+	.venv/bin/python examples/langchain_rag.py
 
 test:
 	bash scripts/setup.sh --test
-	.venv/bin/ruff check core tests benchmarks examples
+	.venv/bin/ruff check core langchain_ensemble llamaindex_ensemble tests benchmarks examples
 	.venv/bin/python -m pytest -q
 
 bench:

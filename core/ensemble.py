@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Unpack
+
+import torch
 
 from ensemble_core.aio import agenerate, astream
 from ensemble_core.chat import Prompt, Tools, validate_prompt, validate_tools
@@ -14,6 +17,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
 from ensemble_core.methods.base import Method, resolve_method
 from ensemble_core.results import GenerationResult, StreamChunk
+from ensemble_core.tool_calls import forced_call_prefix
 
 
 class Ensemble:
@@ -143,6 +147,34 @@ class Ensemble:
     ) -> AsyncIterator[StreamChunk]:
         """`stream` for asyncio: never blocks the event loop; closing or cancelling it stops generation."""
         return astream(self, prompt, tools=tools, reply_prefix=reply_prefix, cancel=cancel, **settings)
+
+    def pick_tool(self, prompt: Prompt, tools: Tools) -> str:
+        """The tool the ensemble finds likeliest to call next, when a call is required.
+
+        Each participant scores every tool's name as the continuation of the forced call
+        opening (`... "name": "` + name + `"`, in its own tokens, one forward for all names);
+        the names' probabilities are normalised per member and averaged. A small model asked
+        to write the name itself may invent one; this choice is always a real tool.
+        """
+        checked = validate_tools(tools)
+        if not checked:
+            raise ConfigError("`pick_tool` needs at least one tool.")
+        names = [t["function"]["name"] for t in checked]
+        if len(names) == 1:
+            return names[0]
+        opening = forced_call_prefix(checked, "any")
+        prompt_ids = self._render([prompt], build_settings(max_new_tokens=1), checked, opening)
+        options = [json.dumps(name, ensure_ascii=False)[1:] for name in names]  # each name with its closing quote
+        shares = torch.zeros(len(names))
+        with self._lock:
+            for m, [ids] in prompt_ids.items():
+                member = self.members[m]
+                session = member.start([ids])
+                session.batch.forward_pending()
+                continuations = [member.tokenizer.encode(o, add_special_tokens=False) for o in options]
+                logprobs = torch.stack([s.sum() for s in session.batch.score(0, continuations)])
+                shares += torch.softmax(logprobs.float().cpu(), dim=0)
+        return names[int(shares.argmax())]
 
     @property
     def context_window(self) -> int:

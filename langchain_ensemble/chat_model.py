@@ -7,6 +7,7 @@ template), decoding, tool-call parsing and asyncio live in `ensemble_core`.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
@@ -233,7 +234,7 @@ class ChatEnsemble(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        request = self._request(messages, stop, kwargs)
+        request = await asyncio.to_thread(self._request, messages, stop, kwargs)  # may run the models (pick_tool)
         result = None
         async for chunk in self._core_astream(request):
             result = chunk.result or result
@@ -262,7 +263,7 @@ class ChatEnsemble(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        request = self._request(messages, stop, kwargs)
+        request = await asyncio.to_thread(self._request, messages, stop, kwargs)  # may run the models (pick_tool)
         reply = StreamedReply(request, self.model_name)
         async for core_chunk in self._core_astream(request):
             for chunk in reply.chunks(core_chunk):
@@ -304,7 +305,7 @@ class ChatEnsemble(BaseChatModel):
         settings = {**self._settings(), "stop": self._merged_stop(stop)}
         settings.update({_SETTING_OPTIONS[k]: v for k, v in kwargs.items() if k in _SETTING_OPTIONS})
         build_settings(**settings)
-        return build_request(messages, settings, kwargs)
+        return build_request(messages, settings, kwargs, self._get_ensemble())
 
     def _core_stream(self, request: ChatRequest) -> Iterator[StreamChunk]:
         cancel = threading.Event()

@@ -12,6 +12,7 @@ from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call
 from langchain_core.outputs import ChatGenerationChunk
 
 from ensemble_core.conversation import with_system_note
+from ensemble_core.ensemble import Ensemble
 from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.tool_calls import (
     CALL_CLOSE,
@@ -41,13 +42,21 @@ class ChatRequest:
     core_arguments: dict[str, Any] = field(default_factory=dict)
 
 
-def build_request(messages: list[BaseMessage], settings: dict[str, Any], options: dict[str, Any]) -> ChatRequest:
-    """The core request for `messages` with call `options` (tools, tool_choice, response_format)."""
+def build_request(
+    messages: list[BaseMessage], settings: dict[str, Any], options: dict[str, Any], ensemble: Ensemble
+) -> ChatRequest:
+    """The core request for `messages` with call `options` (tools, tool_choice, response_format).
+
+    A call of "any" of several tools is settled first: the ensemble picks the tool (a small
+    model left to write the name may invent one), then that tool's call is forced.
+    """
     prompt = to_core_messages(messages)
     tools = options.get("tools") or None
     choice = options.get("tool_choice")
     if choice == "none":
         tools = None
+    if tools and choice == "any" and len(tools) > 1:
+        choice = ensemble.pick_tool(prompt, tools)
     names = [t["function"]["name"] for t in tools] if tools else None
     prefix = forced_call_prefix(tools, choice) if tools and choice not in (None, "none") else ""
     stops = list(settings.get("stop") or [])

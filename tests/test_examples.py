@@ -13,7 +13,18 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.mark.packaged
-@pytest.mark.parametrize("script", ["quickstart.py", "demo.py", "token_ensembles.py", "span_ensembles.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "quickstart.py",
+        "demo.py",
+        "token_ensembles.py",
+        "span_ensembles.py",
+        "langchain_chain.py",
+        "langchain_rag.py",
+        "langchain_agent.py",
+    ],
+)
 def test_example_runs(script: str) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
@@ -23,3 +34,7 @@ def test_example_runs(script: str) -> None:
     assert done.stdout.strip()
     if script == "demo.py":
         assert done.stdout.count("tokens/s") == 3  # one report per packaged model
+    if script == "langchain_chain.py":
+        assert "=== streamed answer" in done.stdout and "share of tokens decided" in done.stdout
+    if script == "langchain_agent.py":
+        assert "[tool] " in done.stdout  # the Python tool ran on the call the model made

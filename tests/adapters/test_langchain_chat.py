@@ -8,6 +8,7 @@ import json
 import pytest
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ValidationError
 
 from ensemble_core import Ensemble, HFMember
@@ -157,6 +158,23 @@ def test_a_forced_call_is_parsed_into_tool_calls_when_invoked_and_streamed(llm: 
         streamed = chunk if streamed is None else streamed + chunk
     assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(call["name"], call["args"])]
     assert add.invoke(call) is not None
+
+
+@tool
+def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    return "sunny"
+
+
+@pytest.mark.parametrize(("question", "expected"), [("Is it raining in Oslo?", "get_weather"), ("Add 3 and 4.", "add")])
+def test_any_of_several_tools_is_picked_by_the_ensemble_not_invented(
+    llm: ChatEnsemble, question: str, expected: str
+) -> None:
+    message = llm.bind_tools([add, get_weather], tool_choice="any").invoke(question)
+    assert [c["name"] for c in message.tool_calls] == [expected]
+    core = [{"role": "user", "content": question}]
+    tools = [convert_to_openai_tool(add), convert_to_openai_tool(get_weather)]
+    assert llm._get_ensemble().pick_tool(core, tools) == expected
 
 
 def test_a_call_cut_short_is_an_invalid_tool_call_not_an_exception(llm: ChatEnsemble) -> None:
