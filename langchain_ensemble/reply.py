@@ -64,25 +64,44 @@ def build_request(
         stops.append(CALL_CLOSE)  # one call, then stop: the parser reads an unclosed call as closed
     response_format = options.get("response_format")
     if response_format is not None:
-        prompt = with_system_note(prompt, _format_note(response_format))
-        prefix = prefix or "{"
+        note, opening = _json_reply(response_format)
+        prompt = with_system_note(prompt, note)
+        prefix = prefix or opening
     settings = {**settings, "stop": stops}
     core = {"tools": tools, "reply_prefix": prefix, **settings}
     return ChatRequest(prompt, settings, tools, names, prefix, core)
 
 
-def _format_note(response_format: dict[str, Any]) -> str:
+def _json_reply(response_format: dict[str, Any]) -> tuple[str, str]:
+    """The system note asking for JSON, and the reply's forced opening.
+
+    A schema is described as its keys with their types: small models shown a raw JSON
+    schema tend to echo its `title`/`properties` shape back. The opening writes the first
+    key (and the quote of its value when that is a string), so the object starts right.
+    """
     kind = response_format.get("type")
     if kind == "json_object":
-        return _JSON_OBJECT_NOTE
-    if kind == "json_schema":
-        schema = response_format.get("schema") or (response_format.get("json_schema") or {}).get("schema")
-        if isinstance(schema, dict):
-            return f"{_JSON_OBJECT_NOTE} The object must follow this JSON schema:\n{json.dumps(schema)}"
-    raise ValueError(
-        "`response_format` must be {'type': 'json_object'} or {'type': 'json_schema', 'schema': {...}}, "
-        f"but is {response_format!r}"
-    )
+        return _JSON_OBJECT_NOTE, "{"
+    schema = response_format.get("schema") or (response_format.get("json_schema") or {}).get("schema")
+    if kind != "json_schema" or not isinstance(schema, dict):
+        raise ValueError(
+            "`response_format` must be {'type': 'json_object'} or {'type': 'json_schema', 'schema': {...}}, "
+            f"but is {response_format!r}"
+        )
+    properties = schema.get("properties")
+    if not isinstance(properties, dict) or not properties:
+        return f"{_JSON_OBJECT_NOTE} It must follow this JSON schema:\n{json.dumps(schema)}", "{"
+    required = set(schema.get("required", ()))
+    lines = [
+        f'- "{key}": {spec.get("type", "any") if isinstance(spec, dict) else "any"}'
+        f"{'' if key in required else ' (optional)'}"
+        f"{': ' + spec['description'] if isinstance(spec, dict) and spec.get('description') else ''}"
+        for key, spec in properties.items()
+    ]
+    note = f"{_JSON_OBJECT_NOTE} The object has these keys:\n" + "\n".join(lines)
+    first, first_spec = next(iter(properties.items()))
+    string_value = isinstance(first_spec, dict) and first_spec.get("type") == "string"
+    return note, '{"' + first + '": ' + ('"' if string_value else "")
 
 
 def final_message(request: ChatRequest, result: GenerationResult, model_name: str) -> AIMessage:

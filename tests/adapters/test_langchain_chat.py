@@ -225,10 +225,10 @@ async def test_cancelling_an_async_stream_leaves_the_model_usable(llm: ChatEnsem
 
 async def test_eight_concurrent_ainvokes_with_different_stops_equal_sequential_calls(llm: ChatEnsemble) -> None:
     question = "Write the English alphabet letters separated by spaces."
-    full = llm.invoke(question, max_tokens=24).content
+    full = llm.invoke(question, max_tokens=16).content
     stops = [full[i : i + 2] for i in range(2, 2 + 8 * 2, 2)]
-    sequential = [llm.invoke(question, max_tokens=24, stop=[s]).content for s in stops]
-    concurrent = await asyncio.gather(*(llm.ainvoke(question, max_tokens=24, stop=[s]) for s in stops))
+    sequential = [llm.invoke(question, max_tokens=16, stop=[s]).content for s in stops]
+    concurrent = await asyncio.gather(*(llm.ainvoke(question, max_tokens=16, stop=[s]) for s in stops))
     assert [m.content for m in concurrent] == sequential
     assert len(set(sequential)) > 1
 
