@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ensemble_core.config import GenerationSettings
-from ensemble_core.members.text_sync import MemberSession
+from ensemble_core.members.text_sync import MemberSession, incomplete_utf8_suffix
 from ensemble_core.sampling import sample, top_p_filter
 from ensemble_core.union import EOS_INDEX, UnionVocab
 
@@ -170,13 +170,18 @@ class Combiner:
     def sharpen_heuristic(self, scored: Scored, drafter: int, threshold: float) -> Scored:
         """SAFE's sharpening: each entry above `threshold` that the drafter has as a token gains
         the mass of every scored entry whose text extends it (they spell the same word); the
-        choice is then among those entries. Unchanged when there are none."""
+        choice is then among those entries. Unchanged when there are none. Entries that end
+        inside a UTF-8 character do not gain: byte-level vocabularies have a token for every
+        lead byte, which would otherwise collect the mass of all characters it begins (e.g.
+        all of CJK) and commit half a character."""
         whole_union = len(scored.entries) == self.union.size
         boosted: list[tuple[int, torch.Tensor]] = []
         for position in torch.nonzero(scored.probs > threshold).flatten().tolist():
             entry = int(scored.entries[position])
             if entry == EOS_INDEX or not self.union.maps[drafter].has(entry):
                 continue
+            if incomplete_utf8_suffix(self.union.entries[entry]):
+                continue  # a lone lead byte would collect every character it starts, and split one
             if whole_union:  # sorted entries: the extensions are one contiguous range
                 lo, hi = self.union.extension_range(entry)
                 boosted.append((entry, scored.probs[lo:hi].sum()))

@@ -130,3 +130,17 @@ def test_three_tokenizer_families_greedy_sampled_stop_and_non_ascii(method) -> N
     stopped = ensemble.generate(CJK_PROMPT, max_new_tokens=24, stop=[stop])
     assert stopped.finish_reason == "stop"
     assert stopped.text == greedy.text[: greedy.text.index(stop)]
+
+
+def test_safe_never_splits_a_character_by_sharpening_onto_its_lead_byte() -> None:
+    """Byte-level vocabularies have a token for every UTF-8 lead byte; sharpening once moved the
+    mass of every CJK character onto that byte and committed half a character ('佱' for '你')."""
+    qwen, smol = packaged_member("qwen2.5-coder-0.5b-instruct"), packaged_member("smollm2-135m-instruct")
+    prompt = [
+        {"role": "user", "content": "Create a customer named '你好啊集团' (Hello Group). Reply with the name only."}
+    ]
+    alone = Ensemble([qwen], method="single").generate(prompt, max_new_tokens=12).text
+    assert "你好啊集团" in alone
+    for params in ({"drafter": "qwen"}, {"drafter": "qwen", "skip_tests": False}):
+        together = Ensemble([qwen, smol], method="safe", method_params=params).generate(prompt, max_new_tokens=12)
+        assert "你好啊集团" in together.text, together.text
