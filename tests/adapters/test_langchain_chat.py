@@ -233,6 +233,13 @@ async def test_eight_concurrent_ainvokes_with_different_stops_equal_sequential_c
     assert len(set(sequential)) > 1
 
 
+def test_a_timeout_stops_generation_with_an_error_and_the_model_stays_usable(llm: ChatEnsemble) -> None:
+    hasty = llm.model_copy(update={"timeout": 0.3})
+    with pytest.raises(TimeoutError, match=r"timeout=0.3"):
+        hasty.invoke("Write a long story about the sea.", max_tokens=400)
+    assert llm.invoke("Say hi.", max_tokens=4).content
+
+
 def test_batch_serves_every_prompt_like_invoke(llm: ChatEnsemble) -> None:
     prompts = ["Say hi.", "Say bye.", "Name a fruit."]
     assert [m.content for m in llm.batch(prompts, max_tokens=8)] == [
