@@ -67,6 +67,43 @@ class EnsembleSpec:
     def method_params(self) -> dict[str, Any]:
         return json.loads(self.method_params_json)
 
+    @property
+    def model_name(self) -> str:
+        """The name the loaded ensemble will have (`Ensemble.model_name`), known without loading."""
+        return f"{self.method}({'+'.join(self.models)})"
+
+
+_MODEL_SETTINGS = ("method", "method_params", "device", "dtype")
+
+
+def adapter_source(
+    models: Sequence[str] | None,
+    ensemble: Ensemble | None,
+    settings: Mapping[str, Any],
+    given: set[str],
+) -> EnsembleSpec | None:
+    """Check an adapter's `models=` / `ensemble=` pair: the spec to load, or None for `ensemble`.
+
+    Args:
+        settings: the adapter's method, method_params, device and dtype.
+        given: the names of the adapter fields the user set (the rest are defaults).
+
+    Raises:
+        ConfigError: neither or both given, or model settings given along with an `ensemble`.
+    """
+    if (models is None) == (ensemble is None):
+        raise ConfigError("give exactly one of `models=[...]` (model names) or `ensemble=` (a loaded Ensemble)")
+    if ensemble is not None:
+        if not isinstance(ensemble, Ensemble):
+            raise ConfigError(f"`ensemble` must be an ensemble_core.Ensemble, but is {type(ensemble).__name__}")
+        if set(_MODEL_SETTINGS) & given:
+            raise ConfigError(
+                "`method`, `method_params`, `device` and `dtype` apply to `models=`; "
+                "an `ensemble=` already has its members and method"
+            )
+        return None
+    return EnsembleSpec.build(models, *(settings[name] for name in _MODEL_SETTINGS))
+
 
 _loaded: dict[EnsembleSpec, Ensemble] = {}
 _loading = threading.Lock()

@@ -27,7 +27,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from ensemble_core.config import build_settings
 from ensemble_core.ensemble import Ensemble
-from ensemble_core.loading import EnsembleSpec, shared_ensemble
+from ensemble_core.loading import EnsembleSpec, adapter_source, shared_ensemble
 from ensemble_core.results import GenerationResult, StreamChunk
 from langchain_ensemble.reply import ChatRequest, StreamedReply, build_request, final_message
 
@@ -95,18 +95,10 @@ class ChatEnsemble(BaseChatModel):
 
     @model_validator(mode="after")
     def _check(self) -> ChatEnsemble:
-        if (self.models is None) == (self.ensemble is None):
-            raise ValueError("give exactly one of `models=[...]` (model names) or `ensemble=` (a loaded Ensemble)")
-        if self.ensemble is not None:
-            if not isinstance(self.ensemble, Ensemble):
-                raise ValueError(f"`ensemble` must be an ensemble_core.Ensemble, but is {type(self.ensemble).__name__}")
-            if {"method", "method_params", "device", "dtype"} & self.model_fields_set:
-                raise ValueError(
-                    "`method`, `method_params`, `device` and `dtype` apply to `models=`; "
-                    "an `ensemble=` already has its members and method"
-                )
-        else:
-            self._spec = EnsembleSpec.build(self.models, self.method, self.method_params, self.device, self.dtype)
+        model_settings = {"method": self.method, "method_params": self.method_params, "device": self.device}
+        self._spec = adapter_source(
+            self.models, self.ensemble, {**model_settings, "dtype": self.dtype}, self.model_fields_set
+        )
         build_settings(**self._settings())  # bad temperature / max_tokens / stop fail now, with the field named
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"`timeout` has to be a positive number of seconds or None, but is {self.timeout}")
@@ -123,10 +115,7 @@ class ChatEnsemble(BaseChatModel):
     @property
     def model_name(self) -> str:
         """The method and the members, e.g. `safe(qwen2.5-coder-0.5b-instruct+smollm2-135m-instruct)`."""
-        if self.ensemble is not None:
-            return self.ensemble.model_name
-        assert self._spec is not None  # set by the validator whenever `ensemble` is None
-        return f"{self._spec.method}({'+'.join(self._spec.models)})"
+        return self.ensemble.model_name if self._spec is None else self._spec.model_name
 
     @classmethod
     def is_lc_serializable(cls) -> bool:
@@ -275,10 +264,7 @@ class ChatEnsemble(BaseChatModel):
     # ------------------------------------------------------------------ internals
 
     def _get_ensemble(self) -> Ensemble:
-        if self.ensemble is not None:
-            return self.ensemble
-        assert self._spec is not None  # set by the validator whenever `ensemble` is None
-        return shared_ensemble(self._spec)
+        return self.ensemble if self._spec is None else shared_ensemble(self._spec)
 
     def _settings(self) -> dict[str, Any]:
         return {
