@@ -197,6 +197,9 @@ class _SafeRun(MethodRun):
                 probs = self._member_probs(logits[k])
                 token = self._draw(probs, state.generators[row])
                 draft = drafts[row]
+                if token not in member.eos_token_ids and member.table.token_bytes[token] is None:
+                    draft.done = True  # a control token (`<|im_start|>`) has no text: the ensemble decides here
+                    continue
                 draft.ids.append(token)
                 draft.probs.append(probs)
                 self.counts.drafted += 1

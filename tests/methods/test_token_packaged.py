@@ -144,3 +144,31 @@ def test_safe_never_splits_a_character_by_sharpening_onto_its_lead_byte() -> Non
     for params in ({"drafter": "qwen"}, {"drafter": "qwen", "skip_tests": False}):
         together = Ensemble([qwen, smol], method="safe", method_params=params).generate(prompt, max_new_tokens=12)
         assert "你好啊集团" in together.text, together.text
+
+
+def test_safe_lets_the_ensemble_decide_where_the_drafter_proposes_a_control_token() -> None:
+    """After five tool rounds Qwen drafts `<|im_start|>`, which has no text and no union entry;
+    SAFE used to score it and fail with an IndexError."""
+    qwen, smol = packaged_member("qwen2.5-coder-0.5b-instruct"), packaged_member("smollm2-135m-instruct")
+    parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    tool = {"type": "function", "function": {"name": "multiply", "description": "Multiply.", "parameters": parameters}}
+    messages = [
+        {"role": "system", "content": "You are a calculator. Use the multiply tool."},
+        {"role": "user", "content": "What is 6 times 7?"},
+    ]
+    a = 6
+    for i in range(5):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": 7}}}
+        a *= 7
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": str(a), "tool_call_id": f"c{i}"},
+        ]
+    control = qwen.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    alone = Ensemble([qwen], method="single").generate(messages, tools=[tool], max_new_tokens=32)
+    assert alone.token_ids[qwen.name][0] == control  # what Qwen drafts first here
+    result = Ensemble([qwen, smol], method="safe", method_params={"drafter": "qwen"}).generate(
+        messages, tools=[tool], max_new_tokens=32
+    )
+    assert result.text.startswith("<tool_call>")
+    assert control not in result.token_ids[qwen.name]
