@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ensemble_core.errors import ConfigError
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -265,3 +267,72 @@ def forced_call_prefix(tools: Sequence[Mapping[str, Any]], choice: str) -> str:
     takes_arguments = bool((by_name[choice].get("parameters") or {}).get("properties"))
     opening = '{"' if takes_arguments else "{"
     return f'{CALL_OPEN}\n{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": {opening}'
+
+
+def resolve_tool_choice(choice: Any, names: Sequence[str], required: bool = False) -> str | None:
+    """A framework's `tool_choice` as None (the model decides), "none", "any" or a tool name.
+
+    Accepts None/"auto"/False, "none", "any"/"required"/True, a tool name, or
+    `{"type": "function", "function": {"name": ...}}`; `required=True` (LlamaIndex's
+    `tool_required`) turns "the model decides" into "any".
+
+    Raises:
+        ConfigError: a forced choice without tools, or a name that is not one of them.
+    """
+    if isinstance(choice, Mapping):
+        choice = (choice.get("function") or {}).get("name") or choice.get("name")
+    if choice is None or choice is False or choice == "auto":
+        choice = "any" if required else None
+    if choice is None or choice == "none":
+        return choice
+    if not names:
+        raise ConfigError(f"`tool_choice` is {choice!r}, but no tools were given; pass the tools too.")
+    if choice is True or choice in ("any", "required"):
+        return "any"
+    if choice in names:
+        return choice
+    raise ConfigError(
+        f"`tool_choice` is {choice!r}, which is not one of the tools {list(names)} nor auto/none/any/required."
+    )
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How a call with tools is put to the ensemble.
+
+    Attributes:
+        tools: the tools to render (None: none offered, e.g. for tool_choice "none").
+        reply_prefix: a forced call's opening ("" when the model decides).
+        stop: the call's stop strings, plus `</tool_call>` when only one call is wanted.
+    """
+
+    tools: list[dict[str, Any]] | None
+    reply_prefix: str
+    stop: list[str]
+
+    @property
+    def tool_names(self) -> list[str] | None:
+        return [t["function"]["name"] for t in self.tools] if self.tools else None
+
+
+def plan_tools(
+    tools: Sequence[Mapping[str, Any]] | None,
+    choice: str | None,
+    *,
+    parallel_calls: bool,
+    stop: Sequence[str],
+    pick_tool: Callable[[list[dict[str, Any]]], str],
+) -> ToolPlan:
+    """The `ToolPlan` for a resolved `choice` (see `resolve_tool_choice`).
+
+    "any" of several tools is settled by `pick_tool` (the ensemble scores the names, see
+    `Ensemble.pick_tool`) before the call is forced: a small model left to write the name may
+    invent one. Without `parallel_calls` generation stops after the first call (the parser
+    reads the unclosed call as closed).
+    """
+    offered = [dict(t) for t in tools] if tools and choice != "none" else None
+    if offered and choice == "any" and len(offered) > 1:
+        choice = pick_tool(offered)
+    prefix = forced_call_prefix(offered, choice) if offered and choice else ""
+    stops = [*stop, *([CALL_CLOSE] if offered and not parallel_calls else [])]
+    return ToolPlan(offered, prefix, stops)

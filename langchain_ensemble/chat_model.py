@@ -29,6 +29,7 @@ from ensemble_core.config import build_settings
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.loading import EnsembleSpec, adapter_source, shared_ensemble
 from ensemble_core.results import GenerationResult, StreamChunk
+from ensemble_core.tool_calls import resolve_tool_choice
 from langchain_ensemble.reply import ChatRequest, StreamedReply, build_request, final_message
 
 _CALL_OPTIONS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "model"}
@@ -162,7 +163,7 @@ class ChatEnsemble(BaseChatModel):
         """
         formatted = [convert_to_openai_tool(tool, strict=strict) for tool in tools]
         names = [t["function"]["name"] for t in formatted]
-        return super().bind(tools=formatted, tool_choice=_normalise_choice(tool_choice, names), **kwargs)
+        return super().bind(tools=formatted, tool_choice=resolve_tool_choice(tool_choice, names), **kwargs)
 
     def with_structured_output(
         self,
@@ -336,18 +337,3 @@ class ChatEnsemble(BaseChatModel):
             generations=[ChatGeneration(message=message, generation_info=info)],
             llm_output={"model_name": self.model_name},
         )
-
-
-def _normalise_choice(choice: dict[str, Any] | str | bool | None, names: list[str]) -> str | None:
-    """`tool_choice` as None (model decides), "none", "any" or a tool name."""
-    if isinstance(choice, dict):
-        choice = (choice.get("function") or {}).get("name") or choice.get("name")
-    if choice is None or choice is False or choice == "auto":
-        return None
-    if choice is True or choice in ("any", "required"):
-        if not names:
-            raise ValueError("`tool_choice` forces a tool call, but no tools were given.")
-        return "any"
-    if choice == "none" or choice in names:
-        return choice
-    raise ValueError(f"`tool_choice` is {choice!r}, which is not one of the tools {names} nor auto/none/any/required.")

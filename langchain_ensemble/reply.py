@@ -15,14 +15,13 @@ from ensemble_core.conversation import with_system_note
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.tool_calls import (
-    CALL_CLOSE,
     InvalidToolCall,
     ParsedReply,
     StreamEvent,
     ToolCall,
     ToolCallStream,
-    forced_call_prefix,
     parse_reply,
+    plan_tools,
 )
 from langchain_ensemble.messages import to_core_messages
 
@@ -51,25 +50,22 @@ def build_request(
     model left to write the name may invent one), then that tool's call is forced.
     """
     prompt = to_core_messages(messages)
-    tools = options.get("tools") or None
-    choice = options.get("tool_choice")
-    if choice == "none":
-        tools = None
-    if tools and choice == "any" and len(tools) > 1:
-        choice = ensemble.pick_tool(prompt, tools)
-    names = [t["function"]["name"] for t in tools] if tools else None
-    prefix = forced_call_prefix(tools, choice) if tools and choice not in (None, "none") else ""
-    stops = list(settings.get("stop") or [])
-    if names and options.get("parallel_tool_calls") is False:
-        stops.append(CALL_CLOSE)  # one call, then stop: the parser reads an unclosed call as closed
+    plan = plan_tools(
+        options.get("tools"),
+        options.get("tool_choice"),
+        parallel_calls=options.get("parallel_tool_calls") is not False,
+        stop=settings.get("stop") or [],
+        pick_tool=lambda tools: ensemble.pick_tool(prompt, tools),
+    )
+    prefix = plan.reply_prefix
     response_format = options.get("response_format")
     if response_format is not None:
         note, opening = _json_reply(response_format)
         prompt = with_system_note(prompt, note)
         prefix = prefix or opening
-    settings = {**settings, "stop": stops}
-    core = {"tools": tools, "reply_prefix": prefix, **settings}
-    return ChatRequest(prompt, settings, tools, names, prefix, core)
+    settings = {**settings, "stop": plan.stop}
+    core = {"tools": plan.tools, "reply_prefix": prefix, **settings}
+    return ChatRequest(prompt, settings, plan.tools, plan.tool_names, prefix, core)
 
 
 def _json_reply(response_format: dict[str, Any]) -> tuple[str, str]:

@@ -8,12 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ensemble_core.errors import ConfigError
 from ensemble_core.tool_calls import (
     CALL_CLOSE,
     CALL_OPEN,
     ToolCallStream,
     forced_call_prefix,
     parse_reply,
+    plan_tools,
+    resolve_tool_choice,
 )
 
 TOOLS = ["get_weather", "add"]
@@ -139,3 +142,45 @@ def test_text_is_released_as_soon_as_it_cannot_start_a_call() -> None:
     assert [e.text for e in splitter.feed("Hello <tool")] == ["Hello "]
     assert splitter.feed("_c") == []
     assert [e.text for e in splitter.feed("x")] == ["<tool_cx"]
+
+
+@pytest.mark.parametrize(
+    ("choice", "required", "expected"),
+    [
+        (None, False, None),
+        ("auto", False, None),
+        (None, True, "any"),
+        ("none", True, "none"),
+        ("required", False, "any"),
+        (True, False, "any"),
+        ("add", False, "add"),
+        ({"type": "function", "function": {"name": "add"}}, False, "add"),
+    ],
+)
+def test_framework_tool_choices_resolve_to_one_vocabulary(choice, required: bool, expected: str | None) -> None:
+    assert resolve_tool_choice(choice, TOOLS, required) == expected
+
+
+@pytest.mark.parametrize(
+    ("choice", "names", "message"), [("multiply", TOOLS, "not one of the tools"), ("any", [], "no tools")]
+)
+def test_impossible_tool_choices_are_config_errors(choice: str, names: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve_tool_choice(choice, names)
+
+
+def test_a_tool_plan_hides_forces_picks_and_stops() -> None:
+    tools = [tool("get_weather", "city"), tool("add", "a")]
+    picked: list[list[str]] = []
+
+    def pick(offered: list[dict]) -> str:
+        picked.append([t["function"]["name"] for t in offered])
+        return "add"
+
+    hidden = plan_tools(tools, "none", parallel_calls=True, stop=["x"], pick_tool=pick)
+    assert (hidden.tools, hidden.reply_prefix, hidden.stop) == (None, "", ["x"])
+    free = plan_tools(tools, None, parallel_calls=False, stop=[], pick_tool=pick)
+    assert free.reply_prefix == "" and free.stop == [CALL_CLOSE] and free.tool_names == ["get_weather", "add"]
+    forced = plan_tools(tools, "any", parallel_calls=True, stop=[], pick_tool=pick)
+    assert picked == [["get_weather", "add"]]
+    assert forced.reply_prefix == forced_call_prefix(tools, "add") and forced.stop == []
