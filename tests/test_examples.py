@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,16 @@ def test_example_runs(script: str) -> None:
         assert "=== streamed answer" in done.stdout and "share of tokens decided" in done.stdout
     if script == "langchain_agent.py":
         assert "[tool] " in done.stdout  # the Python tool ran on the call the model made
+
+
+@pytest.mark.packaged
+@pytest.mark.parametrize("marker", ["ChatEnsemble(", "EnsembleLLM("])
+def test_readme_adapter_snippets_run_as_written(marker: str) -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    [snippet] = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if marker in block]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, env=env, timeout=600, cwd=EXAMPLES.parent
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip()
