@@ -183,14 +183,14 @@ class EnsembleLLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        request = self._request(messages, kwargs)
+        request = await asyncio.to_thread(self._request, messages, kwargs)  # may run the models (pick_tool)
         ensemble = await self._aget_ensemble()
         result = await ensemble.agenerate(request.prompt, **request.core_arguments)
         return chat_response(request, result, self.model_name)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        request = self._request(messages, kwargs)
+        request = await asyncio.to_thread(self._request, messages, kwargs)  # may run the models (pick_tool)
         ensemble = await self._aget_ensemble()
         return self._aresponses(request, ensemble.astream(request.prompt, **request.core_arguments))
 
