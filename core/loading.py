@@ -10,6 +10,7 @@ over each other's caches.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.errors import ConfigError
-from ensemble_core.members.hf import HFMember
+from ensemble_core.members.hf import HFMember, stated_context_window
 from ensemble_core.methods.base import resolve_method
 
 
@@ -67,10 +68,19 @@ class EnsembleSpec:
     def method_params(self) -> dict[str, Any]:
         return json.loads(self.method_params_json)
 
+    def context_window(self) -> int:
+        """The smallest model's window, read from the configs once (weights are not loaded)."""
+        return _smallest_stated_window(self.models)
+
     @property
     def model_name(self) -> str:
         """The name the loaded ensemble will have (`Ensemble.model_name`), known without loading."""
         return f"{self.method}({'+'.join(self.models)})"
+
+
+@functools.cache
+def _smallest_stated_window(models: tuple[str, ...]) -> int:
+    return min((w for name in models if (w := stated_context_window(name))), default=0)
 
 
 _MODEL_SETTINGS = ("method", "method_params", "device", "dtype")

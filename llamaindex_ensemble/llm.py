@@ -108,9 +108,9 @@ class EnsembleLLM(FunctionCallingLLM):
     seed: int | None = Field(default=None, description="Seed for sampling (each call starts from it).")
     context_window: int | None = Field(
         default=None,
-        description="The window LlamaIndex packs prompts into. None: the smallest member's window (reading it "
-        "loads the models). A number may only be smaller, e.g. to leave room for tokenizers that count more "
-        "tokens than LlamaIndex's; it is checked when the models load.",
+        description="The window LlamaIndex packs prompts into. None: the smallest member's window (read from "
+        "the models' configs; no weights are loaded). A number may only be smaller, e.g. to leave room for "
+        "tokenizers that count more tokens than LlamaIndex's; it is checked when the models load.",
     )
 
     _spec: EnsembleSpec | None = PrivateAttr(default=None)
@@ -142,7 +142,8 @@ class EnsembleLLM(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        """What LlamaIndex sizes prompts and memory by; `context_window` may load the models (see the field)."""
+        """What LlamaIndex sizes prompts and memory by; the window is read from the models' configs
+        (no weights are loaded)."""
         return LLMMetadata(
             context_window=self._window(),
             num_output=self.max_new_tokens,
@@ -152,8 +153,8 @@ class EnsembleLLM(FunctionCallingLLM):
         )
 
     def to_payload(self) -> dict[str, Any]:
-        """What instrumentation events carry. Unlike `metadata` it never loads the models, because
-        LlamaIndex builds it inside async calls, where loading would block the event loop."""
+        """What instrumentation events carry. Like `metadata` it never loads the models: LlamaIndex
+        builds it inside async calls, where loading would block the event loop."""
         payload = {
             "class_name": self.class_name(),
             "model_name": self.model_name,
@@ -162,8 +163,7 @@ class EnsembleLLM(FunctionCallingLLM):
             "is_function_calling_model": True,
             "temperature": self.temperature,
         }
-        if self.context_window is not None or self.ensemble is not None or self._loaded is not None:
-            payload["context_window"] = self._window()
+        payload["context_window"] = self._window()
         return payload
 
     # ------------------------------------------------------------------ chat
@@ -324,7 +324,10 @@ class EnsembleLLM(FunctionCallingLLM):
     def _window(self) -> int:
         if self.context_window is not None:
             return self.context_window
-        window = self._get_ensemble().context_window
+        if self._loaded is None and self._spec is not None:
+            window = self._spec.context_window()  # from the configs: metadata must not load the weights
+        else:
+            window = self._get_ensemble().context_window
         if not window:
             raise ConfigError("No member states its context window; give EnsembleLLM(context_window=...) in tokens.")
         return window

@@ -58,6 +58,26 @@ def _source_folder(name_or_path: str) -> tuple[str | Path, str | None]:
     return name_or_path, None
 
 
+def config_context_window(config: Any) -> int:
+    """Positions the model was built for, from its config (0 when the config does not say)."""
+    return int(getattr(config.get_text_config(), "max_position_embeddings", 0) or 0)
+
+
+def stated_context_window(name_or_path: str) -> int:
+    """A model's context window read from its config alone: no weights are loaded.
+
+    Raises:
+        ModelLoadError: no config could be read for `name_or_path`.
+    """
+    folder, _ = _source_folder(name_or_path)
+    from transformers import AutoConfig
+
+    try:
+        return config_context_window(AutoConfig.from_pretrained(folder))
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelLoadError(f"Could not read the config of {name_or_path!r}: {error}") from error
+
+
 def _default_name(name_or_path: str) -> str:
     return Path(name_or_path.rstrip("/")).name or name_or_path
 
@@ -79,7 +99,7 @@ class HFMember(Member):
         self.name = name
         self.table = token_table(tokenizer)
         self.eos_token_ids = collect_eos_ids(model, tokenizer)
-        self.context_window = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+        self.context_window = config_context_window(model.config)
         self.logits_width = int(model.get_output_embeddings().weight.shape[0])
         self._encoder = ExactEncoder(tokenizer, self.table)
         self._tail_tokens = tail_tokens

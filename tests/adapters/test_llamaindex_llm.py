@@ -98,7 +98,8 @@ def test_construction_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (metadata.context_window, metadata.num_output) == (2048, 256)
     assert metadata.is_chat_model and metadata.is_function_calling_model
     assert metadata.model_name == llm.model_name
-    assert "context_window" not in EnsembleLLM(models=PACKAGED).to_payload()  # events never load either
+    unset = EnsembleLLM(models=PACKAGED)  # the window comes from the models' configs, not from loading them
+    assert unset.metadata.context_window == unset.to_payload()["context_window"] == 8192
 
 
 @pytest.mark.parametrize(
