@@ -105,6 +105,13 @@ class GenerationResult:
     data: bytes = b""
     token_ids: dict[str, list[int]] = field(default_factory=dict)
 
+    def api_finish_reason(self, called_tools: bool) -> str:
+        """The finish reason in the words chat APIs use: "tool_calls", "length" or "stop"
+        (an end-of-sequence token and a stop string both end the reply as asked)."""
+        if called_tools:
+            return "tool_calls"
+        return "length" if self.finish_reason == "length" else "stop"
+
     def summary(self) -> dict[str, Any]:
         """How the answer was made, as plain JSON values, for frameworks' response metadata.
 

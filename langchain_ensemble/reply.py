@@ -121,11 +121,10 @@ def usage_metadata(result: GenerationResult) -> UsageMetadata:
 
 
 def response_metadata(result: GenerationResult, model_name: str, parsed: ParsedReply) -> dict[str, Any]:
-    finish = "tool_calls" if parsed.tool_calls else ("length" if result.finish_reason == "length" else "stop")
     return {
         "model_name": model_name,
         "model_provider": PROVIDER,
-        "finish_reason": finish,
+        "finish_reason": result.api_finish_reason(bool(parsed.tool_calls)),
         "ensemble_finish_reason": result.finish_reason,
         "usage_counted_by": result.usage.counted_by,
         "ensemble": result.summary(),

@@ -96,14 +96,13 @@ def raw_response(result: GenerationResult, model_name: str, called_tools: bool) 
 
     `usage` has the key names LlamaIndex's `TokenCountingHandler` reads.
     """
-    finish = "tool_calls" if called_tools else ("length" if result.finish_reason == "length" else "stop")
     members = {
         name: {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
         for name, u in result.usage.members.items()
     }
     return {
         "model": model_name,
-        "finish_reason": finish,
+        "finish_reason": result.api_finish_reason(called_tools),
         "ensemble_finish_reason": result.finish_reason,
         "usage": {**token_counts(result), "counted_by": result.usage.counted_by, "members": members},
         "ensemble": result.summary(),
