@@ -292,7 +292,9 @@ class ChatEnsemble(BaseChatModel):
         settings = {**self._settings(), "stop": self._merged_stop(stop)}
         settings.update({_SETTING_OPTIONS[k]: v for k, v in kwargs.items() if k in _SETTING_OPTIONS})
         build_settings(**settings)
-        return build_request(messages, settings, kwargs, self._get_ensemble())
+        return build_request(
+            messages, settings, kwargs, lambda prompt, tools: self._get_ensemble().pick_tool(prompt, tools)
+        )
 
     def _core_stream(self, request: ChatRequest) -> Iterator[StreamChunk]:
         cancel = threading.Event()

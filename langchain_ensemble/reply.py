@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,6 @@ from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call
 from langchain_core.outputs import ChatGenerationChunk
 
 from ensemble_core.conversation import with_system_note
-from ensemble_core.ensemble import Ensemble
 from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.tool_calls import (
     InvalidToolCall,
@@ -42,12 +42,16 @@ class ChatRequest:
 
 
 def build_request(
-    messages: list[BaseMessage], settings: dict[str, Any], options: dict[str, Any], ensemble: Ensemble
+    messages: list[BaseMessage],
+    settings: dict[str, Any],
+    options: dict[str, Any],
+    pick_tool: Callable[[list[dict[str, Any]], list[dict[str, Any]]], str],
 ) -> ChatRequest:
     """The core request for `messages` with call `options` (tools, tool_choice, response_format).
 
-    A call of "any" of several tools is settled first: the ensemble picks the tool (a small
-    model left to write the name may invent one), then that tool's call is forced.
+    A call of "any" of several tools is settled first by `pick_tool(prompt, tools)` (the
+    ensemble scores the names; a small model left to write one may invent it), then that
+    tool's call is forced. Messages are converted (and rejected) before anything is loaded.
     """
     prompt = to_core_messages(messages)
     plan = plan_tools(
@@ -55,7 +59,7 @@ def build_request(
         options.get("tool_choice"),
         parallel_calls=options.get("parallel_tool_calls") is not False,
         stop=settings.get("stop") or [],
-        pick_tool=lambda tools: ensemble.pick_tool(prompt, tools),
+        pick_tool=lambda tools: pick_tool(prompt, tools),
     )
     prefix = plan.reply_prefix
     response_format = options.get("response_format")

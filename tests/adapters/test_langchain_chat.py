@@ -101,6 +101,12 @@ def test_an_image_in_a_message_is_an_error_before_any_generation(llm: ChatEnsemb
     image = HumanMessage([{"type": "text", "text": "Describe"}, {"type": "image_url", "image_url": {"url": "x"}}])
     with pytest.raises(ValueError, match="read text only"):
         llm.invoke([image])
+    from ensemble_core import loading
+
+    unloaded = ChatEnsemble(models=MODELS, method="unite")
+    with pytest.raises(ValueError, match="read text only"):
+        unloaded.invoke([image])
+    assert EnsembleSpec.build(MODELS, "unite") not in loading._loaded  # rejected before any model was loaded
 
 
 # ---------------------------------------------------------------------- generation
