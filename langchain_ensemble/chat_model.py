@@ -28,9 +28,10 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from ensemble_core.config import build_settings
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.loading import EnsembleSpec, adapter_source, shared_ensemble
+from ensemble_core.request import ChatRequest
 from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.tool_calls import resolve_tool_choice
-from langchain_ensemble.reply import ChatRequest, StreamedReply, build_request, final_message
+from langchain_ensemble.reply import StreamedReply, build_request, final_message
 
 _CALL_OPTIONS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "model"}
 _SETTING_OPTIONS = {"temperature": "temperature", "max_tokens": "max_new_tokens", "top_p": "top_p", "seed": "seed"}

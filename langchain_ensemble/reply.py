@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -13,6 +12,7 @@ from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call
 from langchain_core.outputs import ChatGenerationChunk
 
 from ensemble_core.conversation import with_system_note
+from ensemble_core.request import ChatRequest
 from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.tool_calls import (
     InvalidToolCall,
@@ -27,18 +27,6 @@ from langchain_ensemble.messages import to_core_messages
 
 PROVIDER = "ensemble-llm"
 _JSON_OBJECT_NOTE = "Reply with one JSON object and nothing else: no prose, no code fence."
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """What the core is asked for, and what reading the reply needs to know."""
-
-    prompt: list[dict[str, Any]]
-    settings: dict[str, Any]
-    tools: list[dict[str, Any]] | None = None
-    tool_names: list[str] | None = None
-    reply_prefix: str = ""
-    core_arguments: dict[str, Any] = field(default_factory=dict)
 
 
 def build_request(
@@ -67,9 +55,7 @@ def build_request(
         note, opening = _json_reply(response_format)
         prompt = with_system_note(prompt, note)
         prefix = prefix or opening
-    settings = {**settings, "stop": plan.stop}
-    core = {"tools": plan.tools, "reply_prefix": prefix, **settings}
-    return ChatRequest(prompt, settings, plan.tools, plan.tool_names, prefix, core)
+    return ChatRequest(prompt, {**settings, "stop": plan.stop}, plan.tools, prefix)
 
 
 def _json_reply(response_format: dict[str, Any]) -> tuple[str, str]:

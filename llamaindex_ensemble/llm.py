@@ -39,11 +39,11 @@ from ensemble_core.config import build_settings
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.errors import ConfigError
 from ensemble_core.loading import EnsembleSpec, adapter_source, shared_ensemble
+from ensemble_core.request import ChatRequest
 from ensemble_core.results import StreamChunk
 from ensemble_core.tool_calls import plan_tools, resolve_tool_choice
 from llamaindex_ensemble.messages import to_core_messages, to_openai_tools
 from llamaindex_ensemble.reply import (
-    ChatRequest,
     StreamedReply,
     chat_response,
     first_call_only,
