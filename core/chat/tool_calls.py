@@ -220,6 +220,10 @@ class ToolCallStream:
         """Everything still held: an open call read as closed, bare JSON read as a whole."""
         pending, self._pending = self._pending, ""
         events: list[StreamEvent] = []
+        if self._holding_bare and CALL_OPEN in pending:
+            # As `parse_reply` reads it: tagged calls, with the JSON-looking start as text.
+            self._holding_bare, self._seen_text = False, True
+            return [*self.feed(pending), *self.finish()]
         if self._holding_bare:
             parsed = _parse_bare_json(pending, self._names or set())
             if parsed is None:
@@ -255,8 +259,8 @@ def forced_call_prefix(tools: Sequence[Mapping[str, Any]], choice: str) -> str:
 
     Small models often answer in prose when told to call a tool, and write `{city: ...}`
     without quotes; starting their reply with the call's opening (in each member's own
-    tokens), up to the quote of the first argument name when the tool takes arguments,
-    leaves them little to get wrong. `tools` are OpenAI-style definitions; `choice` is a
+    tokens), up to the quote of the first argument name when the tool takes arguments (the
+    whole call when it takes none), leaves them little to get wrong. `tools` are OpenAI-style definitions; `choice` is a
     tool name, or "any" (one tool offered: that one; several: the model writes the name).
     """
     by_name = {t["function"]["name"]: t["function"] for t in tools}
@@ -265,8 +269,10 @@ def forced_call_prefix(tools: Sequence[Mapping[str, Any]], choice: str) -> str:
             return f'{CALL_OPEN}\n{{"name": "'
         choice = next(iter(by_name))
     takes_arguments = bool((by_name[choice].get("parameters") or {}).get("properties"))
-    opening = '{"' if takes_arguments else "{"
-    return f'{CALL_OPEN}\n{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": {opening}'
+    # A tool without declared arguments gets its (empty) arguments written for it: given a bare
+    # `{`, small models copy the schema (`{"properties": {}, "type": "object"}`) into the call.
+    arguments = '{"' if takes_arguments else "{}}"
+    return f'{CALL_OPEN}\n{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": {arguments}'
 
 
 def resolve_tool_choice(choice: Any, names: Sequence[str], required: bool = False) -> str | None:

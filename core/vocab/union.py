@@ -12,19 +12,24 @@ Per member, a `MemberMap` holds an index map, token id -> union entry (NOT a den
   other than end-of-sequence map to a "nowhere" slot that is ignored;
 * probabilities of any dtype are accumulated in float32.
 
-A union is built once per member set and memoised, so a second ensemble over the same
-loaded members (or a second generation) pays nothing.
+A union is built once per member set and shared while anything uses it, so a second ensemble
+over the same loaded members (or a second generation) pays nothing; once no ensemble holds it
+(all closed or gone), it is freed. Index maps move to a combining device once and stay there.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
+import threading
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
-from ensemble_core.vocab import TokenTable
+from ensemble_core.vocab.tokens import TokenTable
 
 EOS_INDEX = 0
 
@@ -46,9 +51,25 @@ class MemberMap:
     first_id: torch.Tensor
     extra_ids: dict[int, tuple[int, ...]]
     ids_per_entry: int
+    _placed: dict[torch.device, MemberMap] = field(default_factory=dict, compare=False, repr=False)
 
     def has(self, entry: int) -> bool:
-        return int(self.first_id[entry]) >= 0
+        return 0 <= entry < len(self.first_id) and int(self.first_id[entry]) >= 0
+
+    @cached_property
+    def shared_entries(self) -> torch.Tensor:
+        """LongTensor (CPU, sorted): the entries `extra_ids` has further ids for."""
+        return torch.tensor(sorted(self.extra_ids), dtype=torch.long)
+
+    def on(self, device: torch.device) -> MemberMap:
+        """This map with its index tensors on `device` (moved once, then reused)."""
+        if self.to_union.device == device:
+            return self
+        if device not in self._placed:
+            self._placed[device] = MemberMap(
+                self.to_union.to(device), self.first_id.to(device), self.extra_ids, self.ids_per_entry
+            )
+        return self._placed[device]
 
 
 @dataclass(frozen=True)
@@ -58,10 +79,12 @@ class UnionVocab:
     Attributes:
         entries: the byte string of each union index (entry 0, end of sequence, is b"").
         maps: one `MemberMap` per member, in member order.
+        tables: the members' token tables (kept alive with the union).
     """
 
     entries: list[bytes]
     maps: list[MemberMap]
+    tables: tuple[TokenTable, ...] = ()
 
     @property
     def size(self) -> int:
@@ -72,10 +95,29 @@ class UnionVocab:
         """The slot unmapped ids accumulate into (one past the last entry; ignored)."""
         return len(self.entries)
 
+    def suffix_entries(self, member: int, skip: int, table: TokenTable) -> torch.Tensor:
+        """LongTensor (CPU) over `table.suffixes(skip).texts`: each suffix text's union index, or -1
+        where no member has it as a whole token. Built once per member and `skip`, then kept."""
+        cache = self.__dict__.setdefault("_suffix_entries", {})
+        key = (member, skip)
+        if key not in cache:
+            texts = table.suffixes(skip).texts
+            cache[key] = torch.tensor([-1 if (i := self.index_of(t)) is None else i for t in texts], dtype=torch.long)
+        return cache[key]
+
     def index_of(self, text: bytes) -> int | None:
         """The union index of a byte string, or None if no member has it as one token."""
         found = bisect.bisect_left(self.entries, text, lo=1)
         return found if found < len(self.entries) and self.entries[found] == text else None
+
+    def prefix_range(self, prefix: bytes) -> tuple[int, int]:
+        """[lo, hi): the entries (past end-of-sequence) whose bytes start with `prefix`."""
+        lo = bisect.bisect_left(self.entries, prefix, lo=1)
+        stripped = prefix.rstrip(b"\xff")
+        if not stripped:
+            return lo, len(self.entries)
+        bound = stripped[:-1] + bytes([stripped[-1] + 1])
+        return lo, bisect.bisect_left(self.entries, bound, lo=lo)
 
     def extension_range(self, entry: int) -> tuple[int, int]:
         """[entry, hi): the entries whose bytes start with `entry`'s bytes (itself included).
@@ -120,23 +162,49 @@ def _member_map(table: TokenTable, eos_ids: frozenset[int], width: int, index: d
     )
 
 
-_BUILT: dict[tuple[tuple[int, frozenset[int], int], ...], tuple[UnionVocab, tuple[TokenTable, ...]]] = {}
+_Key = tuple[tuple[int, frozenset[int], int], ...]
+_BUILT: dict[_Key, weakref.ref[UnionVocab]] = {}
+# The last few unions stay alive after their ensemble is gone (a new Ensemble over the same
+# members, as a notebook or a test suite makes, would otherwise rebuild: ~1-2 s for three large
+# vocabularies). Bounded, and `forget_union` (Ensemble.close) releases one at once.
+_RECENT: collections.OrderedDict[_Key, UnionVocab] = collections.OrderedDict()
+RECENT_UNIONS = 4
+_BUILDING = threading.Lock()
 
 
 def build_union(tables: Sequence[TokenTable], eos_ids: Sequence[frozenset[int]], widths: Sequence[int]) -> UnionVocab:
     """The union over members given by their token tables, end-of-sequence ids and logits widths.
 
-    Memoised per member set (the tables are kept alive with it).
+    Shared while anything holds it, and the last `RECENT_UNIONS` built are kept for reuse: a
+    union keeps its tables alive, so the ids in its key stay valid; when the last holder lets go
+    (`forget_union` drops the reuse hold), the entry removes itself.
     """
     key = tuple((id(t), e, w) for t, e, w in zip(tables, eos_ids, widths, strict=True))
-    if key in _BUILT:
-        return _BUILT[key][0]
+    with _BUILDING:
+        found = _BUILT.get(key)
+        union = found() if found is not None else None
+        if union is None:
+            union = _build(tables, eos_ids, widths)
+            _BUILT[key] = weakref.ref(union, lambda _, key=key: _BUILT.pop(key, None))
+        _RECENT[key] = union
+        _RECENT.move_to_end(key)
+        while len(_RECENT) > RECENT_UNIONS:
+            _RECENT.popitem(last=False)
+        return union
+
+
+def forget_union(union: UnionVocab) -> None:
+    """Stop keeping `union` alive for reuse (it is freed once nothing else holds it)."""
+    with _BUILDING:
+        for key in [k for k, kept in _RECENT.items() if kept is union]:
+            del _RECENT[key]
+
+
+def _build(tables: Sequence[TokenTable], eos_ids: Sequence[frozenset[int]], widths: Sequence[int]) -> UnionVocab:
     texts: set[bytes] = set()
     for table in tables:
         texts.update(b for b in table.token_bytes if b)
     entries = [b"", *sorted(texts)]
     index = {text: i for i, text in enumerate(entries) if i}
     maps = [_member_map(t, e, w, index) for t, e, w in zip(tables, eos_ids, widths, strict=True)]
-    union = UnionVocab(entries, maps)
-    _BUILT[key] = (union, tuple(tables))
-    return union
+    return UnionVocab(entries, maps, tuple(tables))

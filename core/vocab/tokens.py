@@ -9,13 +9,14 @@ the exact bytes it spells:
   (byte fallback); everything else is UTF-8 text.
 * tokenizers whose vocabulary keys are already `bytes` (tiktoken-style) are taken as they are.
 
-Added tokens that are not special (Qwen's `<tool_call>`) stand for their literal text;
-special and control tokens (`<|im_end|>`, `<bos>`, `<unk>`) stand for no text and map to
-None.
+Added tokens that are not special stand for the text the tokenizer's DECODER gives them, not
+for their stored content: Qwen's `<tool_call>` is `<tool_call>`, but Gemma-2/3's added `▁▁▁▁`
+is four spaces (their added tokens are vocabulary pieces, written with `▁`). Special and control
+tokens (`<|im_end|>`, `<bos>`, `<unk>`) stand for no text and map to None.
 
-Property (tested on GPT-2, Mistral, Qwen3, DeepSeek-V3, Llama-3.2 and the packaged models):
-for a text without special tokens, joining the bytes of `tokenizer.encode(text)` gives
-`text.encode()`. Two documented differences come from the tokenizer, not from us: a
+Property (tested on GPT-2, Mistral-7B, Qwen3, DeepSeek-V3, Llama-3/3.2, Gemma-2/3, Mistral-Nemo
+and the packaged models): for a text without special tokens, joining the bytes of
+`tokenizer.encode(text)` gives `text.encode()`. Two documented differences come from the tokenizer, not from us: a
 SentencePiece "dummy prefix" adds one leading space (`TokenTable.adds_dummy_prefix`), and a
 tokenizer with a Unicode normaliser (Qwen's NFC) spells the normalised text.
 """
@@ -26,8 +27,9 @@ import enum
 import json
 import re
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -48,6 +50,25 @@ class Scheme(enum.Enum):
     BYTE_LEVEL = "byte_level"
     SENTENCEPIECE = "sentencepiece"
     PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class SuffixTable:
+    """Tokens' bytes past a fixed number of leading bytes (`TokenTable.suffixes`).
+
+    Attributes:
+        ids: LongTensor [len(table)]: per token id, the index of its suffix text (-1: nothing
+            left, or a special token).
+        texts: the distinct suffix texts.
+    """
+
+    ids: Any
+    texts: list[bytes]
+
+    @cached_property
+    def position(self) -> dict[bytes, int]:
+        """Suffix text -> its index in `texts`."""
+        return {text: k for k, text in enumerate(self.texts)}
 
 
 @dataclass(frozen=True)
@@ -73,6 +94,65 @@ class TokenTable:
 
     def __len__(self) -> int:
         return len(self.token_bytes)
+
+    @cached_property
+    def ids_by_bytes(self) -> dict[bytes, tuple[int, ...]]:
+        """Text bytes -> the ids spelling exactly them (special tokens excluded), lowest first."""
+        found: dict[bytes, list[int]] = {}
+        for token_id, spelled in enumerate(self.token_bytes):
+            if spelled:
+                found.setdefault(spelled, []).append(token_id)
+        return {text: tuple(ids) for text, ids in found.items()}
+
+    @cached_property
+    def text_index(self) -> tuple[Any, list[bytes], dict[bytes, int]]:
+        """(LongTensor [len]: per id, the index of its text among the distinct texts, -1 for
+        special tokens; the distinct texts; text -> index). Ids with the same bytes share one."""
+        import torch
+
+        texts = list(self.ids_by_bytes)
+        position = {text: k for k, text in enumerate(texts)}
+        index = [position[b] if b else -1 for b in self.token_bytes]
+        return torch.tensor(index, dtype=torch.long), texts, position
+
+    def suffixes(self, skip: int) -> SuffixTable:
+        """Every token's bytes past its first `skip` (a prompt-boundary candidate re-covering
+        `skip` committed bytes adds exactly these), numbered as distinct texts; built once per
+        `skip` and kept, so a step maps thousands of candidates with one tensor lookup."""
+        cache = self.__dict__.setdefault("_suffixes", {})
+        if skip not in cache:
+            import torch
+
+            lengths = self.__dict__.get("_lengths")
+            if lengths is None:
+                lengths = self.__dict__["_lengths"] = torch.tensor([len(b or b"") for b in self.token_bytes])
+            texts: list[bytes] = []
+            position: dict[bytes, int] = {}
+            index = torch.full((len(self.token_bytes),), -1, dtype=torch.long)
+            longer = torch.nonzero(lengths > skip).flatten().tolist()  # few tokens are long: cheap for large skips
+            found = []
+            for token in longer:
+                rest = self.token_bytes[token][skip:]  # type: ignore[index]
+                at = position.setdefault(rest, len(texts))
+                if at == len(texts):
+                    texts.append(rest)
+                found.append(at)
+            if longer:
+                index[torch.tensor(longer, dtype=torch.long)] = torch.tensor(found, dtype=torch.long)
+            cache[skip] = SuffixTable(index, texts)
+        return cache[skip]
+
+    def suffix_positions(self, skip: int) -> Any:
+        """LongTensor [len(suffixes(skip).texts)]: per suffix text, its index among the table's
+        own distinct texts (`text_index`), or -1 where no whole token spells it."""
+        cache = self.__dict__.setdefault("_suffix_positions", {})
+        if skip not in cache:
+            import torch
+
+            _, _, position = self.text_index
+            texts = self.suffixes(skip).texts
+            cache[skip] = torch.tensor([position.get(text, -1) for text in texts], dtype=torch.long)
+        return cache[skip]
 
     def spell(self, ids: list[int]) -> bytes:
         """The bytes a sequence of ids spells; special tokens spell nothing."""
@@ -154,14 +234,54 @@ def _vocab_size(tokenizer: Any) -> int:
     return max(max(vocab.values(), default=-1) + 1, len(tokenizer))
 
 
-def _special_and_added(tokenizer: Any) -> tuple[set[int], dict[int, str]]:
+_ANCHOR = "a"  # a piece every decoder family writes as itself: ASCII, printable, no marker
+
+
+def _anchored_decoder(tokenizer: Any) -> Callable[[str], str] | None:
+    """A function giving the text the tokenizer's decoder writes for one piece, or None.
+
+    A piece is decoded between two anchors, whose own decoding is then cut off: decoding a
+    piece alone is wrong where the decoder edits the ends of the WHOLE text (Llama-2/Mistral's
+    `Strip` decoder drops one leading space, so `▁▁▁▁` alone decodes to three spaces; the
+    SentencePiece backend strips both ends). None when the tokenizer has no decoder that simply
+    joins pieces (no `convert_tokens_to_string`, or one that puts text between pieces, as a
+    tokenizer without a decoder does): added tokens then spell their literal content.
+    """
+    convert = getattr(tokenizer, "convert_tokens_to_string", None)
+    if convert is None:
+        return None
+    edge = convert([_ANCHOR])
+    if not edge or convert([_ANCHOR, _ANCHOR]) != edge * 2:
+        return None
+
+    def decode(piece: str) -> str:
+        text = convert([_ANCHOR, piece, _ANCHOR])
+        if len(text) < 2 * len(edge) or not (text.startswith(edge) and text.endswith(edge)):
+            return piece  # the decoder merged the piece into an anchor: no clean cut exists
+        text = text[len(edge) : len(text) - len(edge)]
+        # A byte-level piece that is not whole UTF-8 decodes to U+FFFD: its literal text is
+        # what the tokenizer matched, so it is the better spelling.
+        return piece if text.count("\ufffd") > piece.count("\ufffd") else text
+
+    return decode
+
+
+def _special_and_added(tokenizer: Any) -> tuple[set[int], dict[int, bytes]]:
+    """Ids of special tokens, and the bytes each non-special added token spells.
+
+    Every entry of `added_tokens_decoder` counts, whatever its `normalized` flag: the flag only
+    says whether the token is matched before or after normalisation, while the ids the
+    tokenizer emits, and what they decode to, are the same either way.
+    """
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    added_text: dict[int, str] = {}
+    added_text: dict[int, bytes] = {}
+    decode = _anchored_decoder(tokenizer)
     for token_id, added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items():
         if getattr(added, "special", False):
             special.add(token_id)
         else:
-            added_text[token_id] = str(added.content)
+            content = str(added.content)
+            added_text[token_id] = (decode(content) if decode else content).encode("utf-8")
     return special, added_text
 
 
@@ -177,7 +297,7 @@ def _build_table(tokenizer: Any) -> TokenTable:
             spelled.append(None)
             kinds.append(TokenKind.SPECIAL)
         elif token_id in added_text:
-            spelled.append(added_text[token_id].encode("utf-8"))
+            spelled.append(added_text[token_id])
             kinds.append(TokenKind.ADDED_TEXT)
         else:
             spelled.append(_piece_bytes(piece, scheme))

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ensemble_core.errors import ConfigError
-from ensemble_core.tool_calls import (
+from ensemble_core.chat.tool_calls import (
     CALL_CLOSE,
     CALL_OPEN,
     ToolCallStream,
@@ -18,6 +17,7 @@ from ensemble_core.tool_calls import (
     plan_tools,
     resolve_tool_choice,
 )
+from ensemble_core.errors import ConfigError
 
 TOOLS = ["get_weather", "add"]
 
@@ -98,7 +98,9 @@ def test_forced_prefixes_leave_only_the_arguments_or_the_name_to_write() -> None
     assert one.endswith('"arguments": {"')  # the first key's quote is written, so keys come quoted
     assert parse_reply(one + 'a": 1}}', ["add"]).tool_calls[0].arguments == {"a": 1}
     no_arguments = forced_call_prefix([tool("now")], "now")
-    assert parse_reply(no_arguments + "}}", ["now"]).tool_calls[0].arguments == {}
+    assert no_arguments.endswith('"arguments": {}}')  # nothing left to write: no schema copied into it
+    assert parse_reply(no_arguments, ["now"]).tool_calls[0].arguments == {}
+    assert parse_reply(no_arguments + "\n</tool_call>", ["now"]).tool_calls[0].arguments == {}
     several = forced_call_prefix([tool("get_weather"), tool("add", "a")], "any")
     assert parse_reply(several + 'get_weather", "arguments": {}}', TOOLS).tool_calls[0].name == "get_weather"
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 from conftest import packaged_member
 
+from ensemble_core.members.contract import Continuations, PartialGroup
 from ensemble_core.methods.combine import Combiner
 from ensemble_core.methods.token import union_for
-from ensemble_core.union import EOS_INDEX, build_union
+from ensemble_core.vocab.union import EOS_INDEX, build_union
 
 NAMES = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
 
@@ -22,7 +23,16 @@ def members():
 
 @pytest.fixture(scope="module")
 def union(members):
-    return union_for(members)
+    return union_for([m.vocab for m in members])
+
+
+def combiner(members, union, weights) -> Combiner:
+    return Combiner(union, [m.vocab for m in members], weights, torch.device("cpu"))
+
+
+def step(members, union, weights, dense: dict[int, torch.Tensor], partial=None):
+    distributions = {m: Continuations(probs, tuple((partial or {}).get(m, ()))) for m, probs in dense.items()}
+    return combiner(members, union, weights).step(distributions)
 
 
 def test_entries_are_sorted_bytes_with_one_end_of_sequence_entry(members, union) -> None:
@@ -45,7 +55,7 @@ def test_padded_logit_rows_and_other_special_tokens_map_nowhere(members, union) 
 
 
 def test_the_union_is_built_once_per_member_set(members, union) -> None:
-    assert union_for(members) is union
+    assert union_for([m.vocab for m in members]) is union
     assert (
         build_union([m.table for m in members], [m.eos_token_ids for m in members], [m.logits_width for m in members])
         is union
@@ -58,10 +68,9 @@ def test_duplicate_ids_add_up_and_low_precision_accumulates_in_float32(members, 
     first = int(union.maps[gemma].first_id[entry])
     probs = torch.zeros(members[gemma].logits_width)
     probs[first], probs[extra[0]] = 0.25, 0.5
-    combiner = Combiner(union, [0.0, 0.0, 1.0])
-    assert float(combiner.full({gemma: probs})[entry]) == pytest.approx(0.75)
+    assert float(step(members, union, [0.0, 0.0, 1.0], {gemma: probs}).full()[entry]) == pytest.approx(0.75)
     bf16 = torch.softmax(torch.randn(members[0].logits_width), -1).to(torch.bfloat16)
-    total = Combiner(union, [1.0, 0.0, 0.0]).full({0: bf16})
+    total = step(members, union, [1.0, 0.0, 0.0], {0: bf16}).full()
     assert total.dtype == torch.float32
     mapped = union.maps[0].to_union < union.nowhere
     assert float(total.sum()) == pytest.approx(float(bf16.double()[mapped].sum()), abs=1e-5)
@@ -76,18 +85,29 @@ def test_extension_range_holds_exactly_the_entries_extending_a_text(union) -> No
         assert hi == union.size or not union.entries[hi].startswith(prefix)
 
 
-def test_greedy_shortcut_equals_the_full_union_argmax(members, union) -> None:
-    combiner = Combiner(union, [0.5, 0.3, 0.2])
+def test_greedy_shortcut_equals_the_full_argmax_with_partial_candidates(members, union) -> None:
+    """Exact whatever the distributions, also with candidates from tokens that re-cover committed
+    bytes (texts that are, or are not, union entries)."""
     generator = torch.Generator().manual_seed(0)
     shortcut_used = 0
+    qwen = members[0]
+    covering = torch.tensor(
+        [qwen.tokenizer.convert_tokens_to_ids(t) for t in ("ĠGenerator", "ĠGeneral", "ĠGeneration")]
+    )
     for trial in range(40):
         sharpness = 1.0 if trial % 4 == 0 else 8.0  # flat distributions force the fallback path
-        probs = {
+        dense = {
             i: torch.softmax(torch.randn(m.logits_width, generator=generator) * sharpness, -1)
             for i, m in enumerate(members)
         }
-        entry, by_shortcut = combiner.greedy(probs)
-        full = combiner.full(probs)
+        partial = {}
+        if trial % 2:  # Qwen also offers "erator"/"eral"/"eration" from tokens re-covering " Gen"
+            share = torch.softmax(torch.randn(3, generator=generator) * 4, -1) * 0.5
+            dense[0] = dense[0] * 0.5
+            partial[0] = [PartialGroup(4, covering, share)]
+        found = step(members, union, [0.5, 0.3, 0.2], dense, partial)
+        entry, by_shortcut = found.greedy()
+        full = found.full()
         assert entry == int(torch.argmax(full))
         shortcut_used += by_shortcut
     assert 0 < shortcut_used < 40  # both paths were exercised

@@ -5,7 +5,7 @@ that call tools, tool results, two messages of one role in a row. Templates diff
 they accept: Qwen's renders tools, tool calls and tool results; SmolLM2's silently drops
 tools and tool calls; Gemma's rejects two user turns in a row. So each member's template is
 PROBED once for what it renders (`TemplateAbilities`), and only what it cannot render is
-rewritten, in the same Hermes format the tool-call parser reads (`ensemble_core.tool_calls`):
+rewritten, in the same Hermes format the tool-call parser reads (`ensemble_core.chat.tool_calls`):
 
 * tools the template ignores -> a tools section in the system message;
 * assistant tool calls it ignores -> `<tool_call>{json}</tool_call>` text in the turn;
@@ -23,8 +23,8 @@ from typing import Any
 
 import jinja2
 
+from ensemble_core.chat.tool_calls import CALL_CLOSE, CALL_OPEN
 from ensemble_core.errors import ConfigError
-from ensemble_core.tool_calls import CALL_CLOSE, CALL_OPEN
 
 _PROBE_NAME = "zq_probe_tool"
 _PROBE_TEXT = "ZqProbeResult"

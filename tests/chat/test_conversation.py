@@ -7,7 +7,7 @@ import copy
 import pytest
 from conftest import packaged_member
 
-from ensemble_core.conversation import (
+from ensemble_core.chat.conversation import (
     TemplateAbilities,
     fit_conversation,
     template_abilities,
@@ -40,7 +40,7 @@ HISTORY = [
 
 def rendered_text(name: str, messages, tools=None) -> str:
     member = packaged_member(name)
-    return member.tokenizer.decode(member.render(messages, tools))
+    return member.tokenizer.decode(member.render(messages, tools).ids)
 
 
 def test_abilities_are_probed_from_the_templates() -> None:
@@ -88,7 +88,7 @@ def strict_tokenizer():
 
 
 def test_runs_of_one_role_are_merged_only_when_the_template_rejects_them(strict_tokenizer) -> None:
-    from ensemble_core.chat import render_prompt
+    from ensemble_core.chat.templates import render_prompt
 
     runs = [
         {"role": "user", "content": "first"},
@@ -96,15 +96,15 @@ def test_runs_of_one_role_are_merged_only_when_the_template_rejects_them(strict_
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "third"},
     ]
-    text = strict_tokenizer.decode(render_prompt(strict_tokenizer, runs, "strict"))
+    text = strict_tokenizer.decode(render_prompt(strict_tokenizer, runs, "strict").ids)
     assert "<|im_start|>user\nfirst\n\nsecond<|im_end|>" in text
     lenient = packaged_member(SMOL).tokenizer
-    text = lenient.decode(render_prompt(lenient, runs, "smol"))
+    text = lenient.decode(render_prompt(lenient, runs, "smol").ids)
     assert "<|im_start|>user\nfirst<|im_end|>\n<|im_start|>user\nsecond" in text
 
 
 def test_a_rejection_merging_cannot_fix_keeps_the_templates_message(strict_tokenizer) -> None:
-    from ensemble_core.chat import render_prompt
+    from ensemble_core.chat.templates import render_prompt
 
     strict_tokenizer.chat_template = "{{ raise_exception('Only user turns, please') }}"
     with pytest.raises(TemplateError, match="Only user turns, please"):
