@@ -1,10 +1,13 @@
-"""Asyncio access to an ensemble: generation in a worker thread, the event loop never blocked.
+"""Asyncio access to a stream of chunks: the work in a worker thread, the event loop never blocked.
 
-Generation is CPU/GPU work in torch, so it runs in a thread of its own per call (not a
-shared pool, which a burst of waiting callers could fill); chunks cross to the event loop
-through a queue. Cancelling the consuming task, or closing the async iterator early, sets
-the stream's cancel event: the worker stops after the current step and releases the
-ensemble, so the next call runs normally.
+Generation is CPU/GPU work in torch, so it runs in a thread of its own per call (not a shared
+pool, which a burst of waiting callers could fill); chunks cross to the event loop through a
+queue. Cancelling the consuming task, or closing the async iterator early, sets the stream's
+cancel event: the worker stops after the current step and releases the ensemble, so the next
+call runs normally.
+
+This module knows nothing of `Ensemble`: the ensemble validates and renders the request first
+(so bad input raises at the call, exactly as `stream` does), then hands the ready iterator here.
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ensemble_core.results import GenerationResult, StreamChunk
-
-if TYPE_CHECKING:
-    from ensemble_core.ensemble import Ensemble
 
 
 @dataclass(frozen=True)
@@ -29,15 +29,8 @@ class _Failed:
 _DONE = object()
 
 
-async def astream(ensemble: Ensemble, prompt: Any, **arguments: Any) -> AsyncIterator[StreamChunk]:
-    """`ensemble.stream(prompt, **arguments)`, consumed without blocking the event loop.
-
-    Input errors are raised here, before any thread starts (the prompt is rendered in the
-    caller, which takes milliseconds). A `cancel` event may be passed in (e.g. for a timeout);
-    otherwise one is made, and set when the consumer stops early.
-    """
-    cancel = arguments.pop("cancel", None) or threading.Event()
-    chunks = ensemble.stream(prompt, cancel=cancel, **arguments)
+async def iterate_in_thread(chunks: Iterator[StreamChunk], cancel: threading.Event) -> AsyncIterator[StreamChunk]:
+    """The chunks of `chunks`, produced in a worker thread; `cancel` is set when consumption stops."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     worker = threading.Thread(target=_pump, args=(chunks, cancel, loop, queue), name="ensemble-generate", daemon=True)
@@ -72,13 +65,12 @@ def _pump(chunks: Iterator[StreamChunk], cancel: threading.Event, loop: asyncio.
         hand_over(_DONE)
 
 
-async def agenerate(ensemble: Ensemble, prompt: Any, **arguments: Any) -> GenerationResult:
-    """The result of `astream` (cancelling the awaiting task stops the generation)."""
-    stream = astream(ensemble, prompt, **arguments)
+async def last_result(stream: AsyncIterator[StreamChunk]) -> GenerationResult:
+    """The result the stream ends with (cancelling the awaiting task stops the generation)."""
     try:
         async for chunk in stream:
             if chunk.result is not None:
                 return chunk.result
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
-    raise RuntimeError("the generation ended without a result")  # only if cancelled from elsewhere
+    raise asyncio.CancelledError("the generation was cancelled before it produced a result")

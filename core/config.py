@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator
 
 from ensemble_core.errors import ConfigError
 
@@ -26,11 +27,11 @@ class GenerationSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_new_tokens: int = 256
+    max_new_tokens: StrictInt = 256
     stop: tuple[str, ...] = ()
     temperature: float = 0.0
     top_p: float = 1.0
-    seed: int | None = None
+    seed: StrictInt | None = None
 
     @field_validator("max_new_tokens")
     @classmethod
@@ -48,13 +49,17 @@ class GenerationSettings(BaseModel):
         for item in items:
             if not isinstance(item, str) or not item:
                 raise ValueError(f"`stop` must hold non-empty strings, but holds {item!r}")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"`stop` holds {item!r}, which is not valid Unicode (a lone surrogate)") from None
         return tuple(dict.fromkeys(items))
 
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, value: float) -> float:
-        if not value >= 0.0:
-            raise ValueError(f"`temperature` has to be >= 0 (0 means greedy), but is {value}")
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise ValueError(f"`temperature` has to be a finite number >= 0 (0 means greedy), but is {value}")
         return value
 
     @field_validator("top_p")
@@ -67,8 +72,8 @@ class GenerationSettings(BaseModel):
     @field_validator("seed")
     @classmethod
     def _seed(cls, value: int | None) -> int | None:
-        if value is not None and value < 0:
-            raise ValueError(f"`seed` has to be a non-negative integer or None, but is {value}")
+        if value is not None and not 0 <= value < 2**64:
+            raise ValueError(f"`seed` has to be an integer in [0, 2**64) or None, but is {value}")
         return value
 
     @property

@@ -1,16 +1,25 @@
-"""The decode loop every method runs in: commits -> text, stop strings, limits, member sync."""
+"""The decode loop every method runs in: commits -> text, stop strings, limits, member sync.
+
+Every prompt of a call becomes a request with a stable `RequestId`. Members' sessions and the
+method's run key all per-request state by it, so when one request ends (and its rows are freed)
+no other request inherits anything of it; both learn of ended requests through one hook,
+`_retire`.
+"""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from ensemble_core.config import GenerationSettings
 from ensemble_core.members.base import Member
-from ensemble_core.members.text_sync import MemberSession
-from ensemble_core.methods.base import Commit, DecodeState, Method
+from ensemble_core.members.contract import Boundary, MemberSession, RenderedPrompt, RequestId
+from ensemble_core.methods.base import Binding, Commit, DecodeState, MethodRun
 from ensemble_core.results import (
     FinishReason,
     GenerationResult,
@@ -23,116 +32,163 @@ from ensemble_core.results import (
 from ensemble_core.sampling import row_generator
 from ensemble_core.text_buffer import TextBuffer
 
+_REQUEST_IDS = itertools.count(1)
+
 
 @dataclass
-class _Row:
-    index: int
+class _Active:
+    """One prompt being generated."""
+
+    request: RequestId
+    index: int  # the prompt's position in the call
     text: TextBuffer
     steps: int = 0
 
 
 def decode(
     members: Sequence[Member],
-    method: Method,
-    prompt_ids: dict[int, list[list[int]]],
+    binding: Binding,
+    prompts: dict[int, list[RenderedPrompt]],
     settings: GenerationSettings,
+    boundary: Boundary,
+    device: torch.device,
     cancel: threading.Event | None = None,
+    weights: Sequence[tuple[float, ...]] | None = None,
 ) -> Iterator[StreamChunk]:
     """Generate for every prompt at once; yields text as it becomes final, per prompt index.
 
     Args:
-        prompt_ids: member index -> rendered prompt ids per prompt (participants only).
+        prompts: member index -> its rendered prompt per prompt (participants only).
+        boundary: how members continue text they did not write.
+        device: where the method combines distributions.
         cancel: once set, generation ends after the current step, without results.
+        weights: per prompt, member weights found before generating (else the binding's).
 
     Yields:
         `StreamChunk`s; each prompt's last one has `finish_reason` and `result`.
     """
     started = time.perf_counter()
-    sessions = {m: members[m].start(prompts) for m, prompts in prompt_ids.items()}
-    prompt_lengths = {m: [len(p) for p in prompts] for m, prompts in prompt_ids.items()}
-    count = len(next(iter(prompt_ids.values())))
-    rows = [_Row(index=i, text=TextBuffer(settings.stop)) for i in range(count)]
-    state = DecodeState(members, sessions, settings, [row_generator(settings) for _ in rows])
-    run = method.start(members, settings)
-    reference = method.reference_member(members)
-    while rows:
-        if cancel is not None and cancel.is_set():
-            return
-        state.remaining = [settings.max_new_tokens - row.steps for row in rows]
-        commits = run.step(state)
-        finished: list[int] = []
-        for position, (row, commit) in enumerate(zip(rows, commits, strict=True)):
-            reason = _apply(row, commit, settings)
-            for member, session in sessions.items():
-                session.commit(position, commit.text, own_tokens=commit.proposals.get(member, ()))
-            piece = row.text.take_new_text(final=reason is not None)
-            if reason is None:
-                if piece:
-                    yield StreamChunk(text=piece, index=row.index)
-                continue
-            finished.append(position)
-            usage = _usage(members, sessions, prompt_lengths, row.index, position, reason, reference)
-            stats = GenerationStats(
-                method=method.name,
-                steps=row.steps,
-                wall_seconds=time.perf_counter() - started,
-                members=_member_stats(members, sessions),
-                method_stats=run.stats(),
-            )
-            token_ids = {members[m].name: session.generated_ids(position) for m, session in sessions.items()}
-            result = GenerationResult(row.text.text(), reason, usage, stats, bytes(row.text.data), token_ids)
-            yield StreamChunk(text=piece, index=row.index, finish_reason=reason, result=result)
-        if finished:
-            keep = [p for p in range(len(rows)) if p not in finished]
-            rows = [rows[p] for p in keep]
-            state.generators = [state.generators[p] for p in keep]
-            if keep:
+    count = len(next(iter(prompts.values())))
+    requests = [RequestId(next(_REQUEST_IDS)) for _ in range(count)]
+    sessions: dict[int, MemberSession] = {
+        m: members[m].start(dict(zip(requests, rendered, strict=True)), boundary) for m, rendered in prompts.items()
+    }
+    active = [_Active(request, index, TextBuffer(settings.stop)) for index, request in enumerate(requests)]
+    state = DecodeState(
+        members=binding.members,
+        sessions=sessions,
+        settings=settings,
+        requests=list(requests),
+        generators={request: row_generator(settings) for request in requests},
+        tails={a.request: a.text.tail for a in active},
+        device=device,
+        weights=dict(zip(requests, weights, strict=True)) if weights is not None else {},
+    )
+    run = binding.start(settings, device)
+    try:
+        while active:
+            if cancel is not None and cancel.is_set():
+                return
+            state.requests = [a.request for a in active]
+            state.remaining = {a.request: settings.max_new_tokens - a.steps for a in active}
+            commits = run.step(state)
+            finished: list[_Active] = []
+            for item in active:
+                commit = commits[item.request]
+                reason = _apply(item, commit, settings)
                 for session in sessions.values():
-                    session.select_rows(keep)
+                    session.commit(item.request, commit.text)
+                piece = item.text.take_new_text(final=reason is not None)
+                if reason is None:
+                    if piece:
+                        yield StreamChunk(text=piece, index=item.index)
+                    continue
+                finished.append(item)
+                result = _result(members, binding, sessions, run, item, reason, started)
+                yield StreamChunk(text=piece, index=item.index, finish_reason=reason, result=result)
+            if finished:
+                _retire([f.request for f in finished], run, sessions, state)
+                active = [a for a in active if a not in finished]
+    finally:
+        if active:  # cancelled, closed or failed: free what the unfinished requests hold
+            _retire([a.request for a in active], run, sessions, state)
 
 
-def _apply(row: _Row, commit: Commit, settings: GenerationSettings) -> FinishReason | None:
-    row.steps += commit.tokens
-    if row.text.append(commit.text):
+def _retire(requests: list[RequestId], run: MethodRun, sessions: dict[int, MemberSession], state: DecodeState) -> None:
+    """The one hook through which the method and every member learn that requests ended."""
+    run.drop(requests)
+    for session in sessions.values():
+        session.drop(requests)
+    for request in requests:
+        state.generators.pop(request, None)
+        state.tails.pop(request, None)
+        state.weights.pop(request, None)
+
+
+def _apply(item: _Active, commit: Commit, settings: GenerationSettings) -> FinishReason | None:
+    item.steps += commit.tokens
+    if item.text.append(commit.text):
         return "stop"
     if commit.eos:
         return "eos"
-    if row.steps >= settings.max_new_tokens:
+    if item.steps >= settings.max_new_tokens:
         return "length"
     return None
 
 
+def _result(
+    members: Sequence[Member],
+    binding: Binding,
+    sessions: dict[int, MemberSession],
+    run: MethodRun,
+    item: _Active,
+    reason: FinishReason,
+    started: float,
+) -> GenerationResult:
+    usage = _usage(members, binding, sessions, item.request, reason)
+    stats = GenerationStats(
+        method=binding.method.name,
+        steps=item.steps,
+        wall_seconds=time.perf_counter() - started,
+        members=_member_stats(members, sessions),
+        method_stats=run.stats(item.request),
+    )
+    token_ids = {members[m].name: session.token_ids(item.request) for m, session in sessions.items()}
+    return GenerationResult(item.text.text(), reason, usage, stats, bytes(item.text.data), token_ids)
+
+
 def _usage(
     members: Sequence[Member],
+    binding: Binding,
     sessions: dict[int, MemberSession],
-    prompt_lengths: dict[int, list[int]],
-    prompt_index: int,
-    position: int,
+    request: RequestId,
     reason: FinishReason,
-    reference: int,
 ) -> Usage:
     eos = 1 if reason == "eos" else 0
     per_member = {
         members[m].name: MemberUsage(
-            prompt_tokens=prompt_lengths[m][prompt_index],
-            completion_tokens=len(session.generated_ids(position)) + eos,
+            prompt_tokens=session.prompt_tokens(request),
+            completion_tokens=len(session.token_ids(request)) + eos,
         )
         for m, session in sessions.items()
     }
-    headline = per_member[members[reference].name]
-    return Usage(headline.prompt_tokens, headline.completion_tokens, members[reference].name, per_member)
+    reference = members[binding.reference].name
+    headline = per_member[reference]
+    return Usage(headline.prompt_tokens, headline.completion_tokens, reference, per_member)
 
 
 def _member_stats(members: Sequence[Member], sessions: dict[int, MemberSession]) -> dict[str, MemberStats]:
-    stats = {}
+    found = {}
     for m, session in sessions.items():
-        forward, sync = session.batch.stats, session.stats()
-        stats[members[m].name] = MemberStats(
-            forwards=forward.forwards,
-            forward_seconds=forward.seconds,
-            forwarded_tokens=forward.tokens,
-            own_tokens=sync.own_tokens,
-            reencoded_tokens=sync.reencoded_tokens,
-            rollbacks=sync.rollbacks,
+        totals = session.stats()
+        found[members[m].name] = MemberStats(
+            forwards=totals.forwards,
+            forward_seconds=totals.forward_seconds,
+            forwarded_tokens=totals.forwarded_tokens,
+            own_tokens=totals.own_tokens,
+            reencoded_tokens=totals.reencoded_tokens,
+            rollbacks=totals.rollbacks,
+            sat_out=totals.sat_out,
+            unspellable=totals.unspellable,
         )
-    return stats
+    return found

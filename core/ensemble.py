@@ -1,23 +1,37 @@
-"""`Ensemble`: members + a method -> `generate`, `stream`, `generate_batch`."""
+"""`Ensemble`: members + a method -> `generate`, `stream`, `generate_batch` (and their async forms)."""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Unpack
 
 import torch
 
-from ensemble_core.aio import agenerate, astream
-from ensemble_core.chat import Prompt, Tools, validate_prompt, validate_tools
+from ensemble_core import aio
+from ensemble_core.chat.templates import Prompt, Tools, prompt_text, validate_prompt, validate_tools
+from ensemble_core.chat.tool_calls import forced_call_prefix
 from ensemble_core.config import GenerationSettings, SettingsKwargs, build_settings
 from ensemble_core.decode import decode
-from ensemble_core.errors import ConfigError
+from ensemble_core.errors import ClosedError, ConfigError
 from ensemble_core.members.base import Member
-from ensemble_core.methods.base import Method, resolve_method
+from ensemble_core.members.contract import Boundary, Candidate, RenderedPrompt, RequestId
+from ensemble_core.methods.base import Binding, Method, resolve_method
+from ensemble_core.methods.weighting import PROMPT_BYTES, WeightRule, prompt_weights
 from ensemble_core.results import GenerationResult, StreamChunk
-from ensemble_core.tool_calls import forced_call_prefix
+from ensemble_core.vocab.union import forget_union
+
+
+def resolve_boundary(boundary: Boundary | str) -> Boundary:
+    """A `Boundary` from itself or its name ("correct" or "retokenize")."""
+    if isinstance(boundary, Boundary):
+        return boundary
+    try:
+        return Boundary(boundary)
+    except ValueError:
+        known = [b.value for b in Boundary]
+        raise ConfigError(f"`boundary` has to be one of {known}, but is {boundary!r}.") from None
 
 
 class Ensemble:
@@ -25,45 +39,95 @@ class Ensemble:
 
     Args:
         members: loaded members (e.g. `HFMember.from_pretrained(...)`); names must be unique.
-        method: a `Method` instance or a registry name ("single", ...).
+        method: a `Method` instance or a registry name ("single", "gac", "safe", ...).
         method_params: parameters for a method given by name.
+        boundary: how members continue text they did not write: "correct" (default; the
+            prompt-boundary-correct distribution, ALGORITHMS.md 6a) or "retokenize" (re-encode
+            the text and predict the next whole token, for comparison).
+
+    The ensemble owns its members from here on: `close()` (or leaving a `with` block) releases
+    their models. Methods combine distributions on the device of the method's reference member
+    (the first member, or the drafter / primary / single member).
 
     Example:
         >>> qwen = HFMember.from_pretrained("qwen2.5-coder-0.5b-instruct")  # doctest: +SKIP
-        >>> ens = Ensemble([qwen], method="single")  # doctest: +SKIP
-        >>> ens.generate([{"role": "user", "content": "Hi"}], max_new_tokens=16).text  # doctest: +SKIP
+        >>> with Ensemble([qwen], method="single") as ens:  # doctest: +SKIP
+        ...     ens.generate([{"role": "user", "content": "Hi"}], max_new_tokens=16).text
     """
 
     def __init__(
         self,
-        members: Sequence[Member],
+        members: Sequence[Member] | Member,
         method: Method | str = "single",
         method_params: Mapping[str, Any] | None = None,
+        boundary: Boundary | str = Boundary.CORRECT,
     ):
-        members = list(members) if not isinstance(members, Member) else [members]
-        if not members:
+        listed = [members] if isinstance(members, Member) else list(members)
+        if not listed:
             raise ConfigError("`members` is empty; an ensemble needs at least one member.")
-        for index, member in enumerate(members):
+        for index, member in enumerate(listed):
             if not isinstance(member, Member):
                 raise ConfigError(
                     f"`members[{index}]` must be a Member (e.g. HFMember.from_pretrained(...)), "
                     f"but is {type(member).__name__}."
                 )
-        names = [m.name for m in members]
+        names = [m.name for m in listed]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigError(
                 f"Member names must be unique, but {duplicates} appear more than once; "
                 "give each member its own `name=` when loading it."
             )
-        self.members = members
+        self.members = listed
         self.method = resolve_method(method, method_params)
-        self.method.bind(self.members)
+        self.boundary = resolve_boundary(boundary)
+        self.binding: Binding = self.method.bind([m.vocab for m in listed])
         # Members own stateful models; one generation runs at a time per ensemble.
         self._lock = threading.Lock()
+        self._closed = False
+        self._on_close: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
-        return f"Ensemble(members={[m.name for m in self.members]}, method={self.method!r})"
+        return (
+            f"Ensemble(members={[m.name for m in self.members]}, method={self.method!r}, "
+            f"boundary={self.boundary.value!r})"
+        )
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Release the members' models and everything built for them (the union vocabulary,
+        the shared-ensemble cache entry). A closed ensemble raises `ClosedError` when used."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for member in self.members:
+                member.close()
+            if "union" in self.binding.cache:
+                forget_union(self.binding.cache["union"])
+            self.binding.cache.clear()
+            callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the ensemble closes (e.g. to drop it from a cache)."""
+        self._on_close.append(callback)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Ensemble:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("This ensemble was closed (its models are released); build a new one.")
 
     # ------------------------------------------------------------------ public calls
 
@@ -81,7 +145,7 @@ class Ensemble:
             prompt: a `str` (raw completion) or a list of `{"role", "content"}` messages
                 (also `tool_calls` on assistant turns and `"tool"` results).
             tools: OpenAI-style tool definitions, rendered by each member's own template
-                (or as a tools section where a template has none; see `conversation`).
+                (or as a tools section where a template has none; see `chat.conversation`).
             reply_prefix: text the reply is made to begin with (in every member's tokens,
                 after the generation prompt); not part of `result.text`. Forces a format,
                 e.g. the opening of a tool call.
@@ -127,14 +191,14 @@ class Ensemble:
         generation and frees the ensemble for the next call.
         """
         checked = build_settings(**settings)
-        prompt_ids = self._render([prompt], checked, tools, reply_prefix)
-        return self._locked_stream(prompt_ids, checked, cancel)
+        rendered = self._render([prompt], checked, tools, reply_prefix)
+        return self._locked_stream([prompt], rendered, checked, cancel)
 
     async def agenerate(
         self, prompt: Prompt, *, tools: Tools = None, reply_prefix: str = "", **settings: Unpack[SettingsKwargs]
     ) -> GenerationResult:
         """`generate` for asyncio: the work runs in a worker thread; cancelling the task stops it."""
-        return await agenerate(self, prompt, tools=tools, reply_prefix=reply_prefix, **settings)
+        return await aio.last_result(self.astream(prompt, tools=tools, reply_prefix=reply_prefix, **settings))
 
     def astream(
         self,
@@ -145,16 +209,18 @@ class Ensemble:
         cancel: threading.Event | None = None,
         **settings: Unpack[SettingsKwargs],
     ) -> AsyncIterator[StreamChunk]:
-        """`stream` for asyncio: never blocks the event loop; closing or cancelling it stops generation."""
-        return astream(self, prompt, tools=tools, reply_prefix=reply_prefix, cancel=cancel, **settings)
+        """`stream` for asyncio: never blocks the event loop; closing or cancelling it stops
+        generation. Input is checked here, before anything runs (as `stream` does)."""
+        cancel = cancel or threading.Event()
+        chunks = self.stream(prompt, tools=tools, reply_prefix=reply_prefix, cancel=cancel, **settings)
+        return aio.iterate_in_thread(chunks, cancel)
 
     def pick_tool(self, prompt: Prompt, tools: Tools) -> str:
         """The tool the ensemble finds likeliest to call next, when a call is required.
 
-        Each participant scores every tool's name as the continuation of the forced call
-        opening (`... "name": "` + name + `"`, in its own tokens, one forward for all names);
-        the names' probabilities are normalised per member and averaged. A small model asked
-        to write the name itself may invent one; this choice is always a real tool.
+        Every tool's name is scored as the continuation of the forced call opening
+        (`... "name": "` + name + `"`; see `option_probabilities`). A small model asked to
+        write the name itself may invent one; this choice is always a real tool.
         """
         checked = validate_tools(tools)
         if not checked:
@@ -162,19 +228,49 @@ class Ensemble:
         names = [t["function"]["name"] for t in checked]
         if len(names) == 1:
             return names[0]
-        opening = forced_call_prefix(checked, "any")
-        prompt_ids = self._render([prompt], build_settings(max_new_tokens=1), checked, opening)
-        options = [json.dumps(name, ensure_ascii=False)[1:] for name in names]  # each name with its closing quote
-        shares = torch.zeros(len(names))
+        options = [json.dumps(name, ensure_ascii=False)[1:] for name in names]
+        [shares] = self.option_probabilities(
+            [prompt], [options], tools=checked, reply_prefix=forced_call_prefix(checked, "any")
+        )
+        return names[max(range(len(names)), key=shares.__getitem__)]
+
+    def option_probabilities(
+        self,
+        prompts: Sequence[Prompt],
+        options: Sequence[Sequence[str]],
+        *,
+        tools: Tools = None,
+        reply_prefix: str = "",
+    ) -> list[list[float]]:
+        """Per prompt, the ensemble's probability of each of its options as the reply's start.
+
+        Each participant scores every option as a continuation of the prompt (all prompts and
+        options in ONE forward per member); its probabilities are normalised over the prompt's
+        options and averaged with the method's weights. This is how multiple-choice questions are
+        answered by probabilities (" A" vs " B" after "Answer:") and how `pick_tool` picks.
+        """
+        if isinstance(prompts, str) or len(prompts) != len(options):
+            raise ConfigError("`prompts` and `options` must be lists of the same length (options per prompt).")
+        for index, choices in enumerate(options):
+            if isinstance(choices, str) or not choices or not all(isinstance(c, str) and c for c in choices):
+                raise ConfigError(f"`options[{index}]` must be a non-empty list of non-empty strings.")
+        rendered = self._render(list(prompts), build_settings(max_new_tokens=1), validate_tools(tools), reply_prefix)
+        requests = [RequestId(index) for index in range(len(prompts))]
+        candidates = [[Candidate(choice.encode("utf-8")) for choice in choices] for choices in options]
+        shares = [torch.zeros(len(choices)) for choices in options]
         with self._lock:
-            for m, [ids] in prompt_ids.items():
-                member = self.members[m]
-                session = member.start([ids])
-                session.batch.forward_pending()
-                continuations = [member.tokenizer.encode(o, add_special_tokens=False) for o in options]
-                logprobs = torch.stack([s.sum() for s in session.batch.score(0, continuations)])
-                shares += torch.softmax(logprobs.float().cpu(), dim=0)
-        return names[int(shares.argmax())]
+            self._check_open()
+            weights = self._prompt_weights(list(prompts)) or [self.binding.weights] * len(prompts)
+            for m, per_prompt in rendered.items():
+                session = self.members[m].start(dict(zip(requests, per_prompt, strict=True)), self.boundary)
+                try:
+                    scores = session.score(requests, candidates)
+                finally:
+                    session.drop(requests)
+                for index, per_option in enumerate(scores):
+                    totals = torch.tensor([float(score.values.sum()) for score in per_option])
+                    shares[index] += weights[index][m] * torch.softmax(totals, dim=0)
+        return [share.tolist() for share in shares]
 
     @property
     def context_window(self) -> int:
@@ -187,42 +283,76 @@ class Ensemble:
         """A readable identifier for tracing: the method and the members, e.g. `safe(qwen+smol)`."""
         return f"{self.method.name}({'+'.join(m.name for m in self.members)})"
 
+    @property
+    def combining_device(self) -> torch.device:
+        """Where the method combines the members' distributions: the reference member's device
+        (the drafter's, the primary's, the single member's, else the first member's). Each
+        member's distribution moves there once per step; the union's maps move there once."""
+        return self.members[self.binding.reference].vocab.device
+
+    @property
+    def reference_member(self) -> Member:
+        """The member whose tokens count the headline usage (the drafter, primary, single member...)."""
+        return self.members[self.binding.reference]
+
     # ------------------------------------------------------------------ internals
 
     def _locked_stream(
         self,
-        prompt_ids: dict[int, list[list[int]]],
+        prompts: list[Prompt],
+        rendered: dict[int, list[RenderedPrompt]],
         settings: GenerationSettings,
         cancel: threading.Event | None = None,
     ) -> Iterator[StreamChunk]:
         with self._lock:
-            yield from decode(self.members, self.method, prompt_ids, settings, cancel)
+            self._check_open()
+            weights = self._prompt_weights(prompts)
+            yield from decode(
+                self.members, self.binding, rendered, settings, self.boundary, self.combining_device, cancel, weights
+            )
+
+    def _prompt_weights(self, prompts: Sequence[Prompt]) -> list[tuple[float, ...]] | None:
+        """Per prompt, the method's member weights under the "prompt" rule (`methods.weighting`):
+        every participant scores the prompt's text; None when the method's weights are fixed."""
+        if self.binding.rule is not WeightRule.PROMPT:
+            return None
+        texts = [prompt_text(p) for p in prompts]
+        per_member = {m: self.members[m].text_logprob(texts, max_bytes=PROMPT_BYTES) for m in self.binding.participants}
+        found = []
+        for index in range(len(prompts)):
+            shares = prompt_weights([per_member[m][index].per_byte for m in self.binding.participants])
+            weights = [0.0] * len(self.members)
+            for m, share in zip(self.binding.participants, shares, strict=True):
+                weights[m] = share
+            found.append(tuple(weights))
+        return found
 
     def _collect(
         self, prompts: list[Prompt], settings: GenerationSettings, tools: Tools, reply_prefix: str
     ) -> list[GenerationResult]:
-        prompt_ids = self._render(prompts, settings, tools, reply_prefix)
+        rendered = self._render(prompts, settings, tools, reply_prefix)
         results: list[GenerationResult | None] = [None] * len(prompts)
-        for chunk in self._locked_stream(prompt_ids, settings):
+        for chunk in self._locked_stream(prompts, rendered, settings):
             if chunk.result is not None:
                 results[chunk.index] = chunk.result
         return [r for r in results if r is not None]
 
     def _render(
         self, prompts: list[Prompt], settings: GenerationSettings, tools: Tools, reply_prefix: str
-    ) -> dict[int, list[list[int]]]:
-        """Every participant's prompt ids, with all input checks done before any forward."""
+    ) -> dict[int, list[RenderedPrompt]]:
+        """Every participant's rendered prompts, with all input checks done before any forward."""
+        self._check_open()
         for index, prompt in enumerate(prompts):
             validate_prompt(prompt, where=f"prompts[{index}]" if len(prompts) > 1 else "prompt")
         if not isinstance(reply_prefix, str):
             raise ConfigError(f"`reply_prefix` must be a string, but is {type(reply_prefix).__name__}.")
-        tools = validate_tools(tools)
-        rendered: dict[int, list[list[int]]] = {}
-        for m in self.method.participants(self.members):
+        checked_tools = validate_tools(tools)
+        rendered: dict[int, list[RenderedPrompt]] = {}
+        for m in self.binding.participants:
             member = self.members[m]
-            rendered[m] = [member.render(p, tools, reply_prefix) for p in prompts]
-            for index, ids in enumerate(rendered[m]):
-                self._check_fits(member, ids, index, settings)
+            rendered[m] = [member.render(p, checked_tools, reply_prefix) for p in prompts]
+            for index, one in enumerate(rendered[m]):
+                self._check_fits(member, one.ids, index, settings)
         return rendered
 
     @staticmethod

@@ -7,7 +7,12 @@ Tree (catch `EnsembleError` to catch them all)::
     │   └── UnknownNameError(KeyError)   a packaged model, member, method or device name is unknown
     ├── MissingPackageError(ImportError) an optional package or a model package is not installed
     ├── ModelLoadError(OSError)          a model or tokenizer could not be loaded or prepared
-    └── TemplateError(ValueError)        a conversation cannot be rendered by a member's chat template
+    ├── TemplateError(ValueError)        a conversation cannot be rendered by a member's chat template
+    ├── GenerationError(RuntimeError)    generation cannot go on (e.g. no member can spell the text)
+    └── ClosedError(RuntimeError)        the ensemble (or member) was closed and holds no models
+
+Warnings are `EnsembleWarning(UserWarning)` (e.g. a member that sits out because it cannot
+spell the committed text).
 
 Errors raised by transformers, tokenizers or torch while loading are wrapped in
 `ModelLoadError` (the original stays available as `__cause__`), so callers never need to
@@ -43,3 +48,15 @@ class ModelLoadError(EnsembleError, OSError):
 
 class TemplateError(EnsembleError, ValueError):
     """A conversation cannot be rendered into a prompt by a member's chat template."""
+
+
+class GenerationError(EnsembleError, RuntimeError):
+    """Generation cannot go on; the message says why (no input check could have foreseen it)."""
+
+
+class ClosedError(EnsembleError, RuntimeError):
+    """The ensemble or member was closed (`close()`): its models are released."""
+
+
+class EnsembleWarning(UserWarning):
+    """Something worth knowing that does not stop generation (shown once per member)."""

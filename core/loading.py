@@ -120,9 +120,37 @@ _loading = threading.Lock()
 
 
 def shared_ensemble(spec: EnsembleSpec) -> Ensemble:
-    """The process's ensemble for `spec`, loading its models on the first call."""
+    """The process's ensemble for `spec`, loading its models on the first call.
+
+    It stays loaded until it is closed (`Ensemble.close()`, or `release_shared(spec)`), which
+    frees its models and drops it from this cache; the next call loads it again.
+    """
     with _loading:
         if spec not in _loaded:
             members = [HFMember.from_pretrained(name, device=spec.device, dtype=spec.dtype) for name in spec.models]
-            _loaded[spec] = Ensemble(members, method=spec.method, method_params=spec.method_params)
+            ensemble = Ensemble(members, method=spec.method, method_params=spec.method_params)
+            ensemble.on_close(lambda: _forget(spec, ensemble))
+            _loaded[spec] = ensemble
         return _loaded[spec]
+
+
+def release_shared(spec: EnsembleSpec) -> bool:
+    """Close the shared ensemble of `spec` (for every adapter using it); False if none was loaded."""
+    with _loading:
+        ensemble = _loaded.get(spec)
+    if ensemble is None:
+        return False
+    ensemble.close()
+    return True
+
+
+def loaded_specs() -> list[EnsembleSpec]:
+    """The specs whose ensembles are loaded in this process now."""
+    with _loading:
+        return list(_loaded)
+
+
+def _forget(spec: EnsembleSpec, ensemble: Ensemble) -> None:
+    with _loading:
+        if _loaded.get(spec) is ensemble:
+            del _loaded[spec]

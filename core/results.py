@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,9 +49,12 @@ class MemberStats:
         forwards: model forward passes.
         forward_seconds: wall seconds inside those forwards.
         forwarded_tokens: positions fed through the model (padding included).
-        own_tokens: committed tokens this member itself proposed (kept without re-encoding).
-        reencoded_tokens: tokens it took from re-encoding committed text it did not propose.
-        rollbacks: times it had to crop its cache because committed text diverged from its ids.
+        own_tokens: committed tokens this member wrote itself (kept without re-encoding).
+        reencoded_tokens: tokens it took from encoding committed text it did not write.
+        rollbacks: times committed text disagreed with ids it had already forwarded.
+        sat_out: steps it could not take part in (it could not spell the committed text).
+        unspellable: commits that brought bytes it has no tokens for (it sits out from there
+            to the end of that reply, and a warning says so once).
     """
 
     forwards: int
@@ -59,6 +63,31 @@ class MemberStats:
     own_tokens: int
     reencoded_tokens: int
     rollbacks: int
+    sat_out: int = 0
+    unspellable: int = 0
+
+
+@dataclass
+class MethodStats:
+    """A method's figures for one request; each method documents its own subclass.
+
+    Every subclass answers `share_ensembled` (the share of committed tokens several members
+    decided; None when the notion does not apply) and `winners` (rounds won per member name,
+    for span and segment methods).
+    """
+
+    @property
+    def share_ensembled(self) -> float | None:
+        return None
+
+    def winners(self) -> dict[str, int]:
+        return {}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON values (for frameworks' response metadata)."""
+        values = dataclasses.asdict(self)
+        values["share_ensembled"] = self.share_ensembled
+        return values
 
 
 @dataclass(frozen=True)
@@ -70,14 +99,15 @@ class GenerationStats:
         steps: commits made for this prompt (each counts toward `max_new_tokens`).
         wall_seconds: from the start of the call to this prompt's end.
         members: per member name, `MemberStats`.
-        method_stats: method-specific figures (documented by each method).
+        method_stats: the method's figures for this prompt (a `MethodStats` subclass
+            documented by each method).
     """
 
     method: str
     steps: int
     wall_seconds: float
     members: dict[str, MemberStats]
-    method_stats: dict[str, Any] = field(default_factory=dict)
+    method_stats: MethodStats = field(default_factory=MethodStats)
 
     @property
     def tokens_per_second(self) -> float:
@@ -95,7 +125,9 @@ class GenerationResult:
         stats: `GenerationStats`.
         data: the committed bytes behind `text`, exactly (stop string excluded).
         token_ids: per member name, its own ids for the generated text (EOS not included;
-            a stop string's tokens are, since the member generated them).
+            a stop string's tokens are, since the member generated them). With prompt-boundary
+            correction a member may re-tokenise the unstable end of a raw prompt together
+            with the reply: its ids then start where its ids first differ from its prompt ids.
     """
 
     text: str
@@ -121,15 +153,11 @@ class GenerationResult:
         (prompt/completion tokens per member, in its own tokens); `method_stats` (all of the
         method's figures).
         """
-        rounds = self.stats.method_stats.get("per_round") or []
-        winners: dict[str, int] = {}
-        for round_stats in rounds:
-            for name in _as_names(round_stats.get("winner")):
-                winners[name] = winners.get(name, 0) + 1
+        method_stats = self.stats.method_stats
         return {
             "method": self.stats.method,
-            "share_ensembled": self.stats.method_stats.get("share_ensembled"),
-            "winners": winners,
+            "share_ensembled": method_stats.share_ensembled,
+            "winners": method_stats.winners(),
             "steps": self.stats.steps,
             "wall_seconds": round(self.stats.wall_seconds, 4),
             "member_seconds": {name: round(s.forward_seconds, 4) for name, s in self.stats.members.items()},
@@ -137,14 +165,8 @@ class GenerationResult:
                 name: {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
                 for name, u in self.usage.members.items()
             },
-            "method_stats": self.stats.method_stats,
+            "method_stats": method_stats.as_dict(),
         }
-
-
-def _as_names(winner: Any) -> list[str]:
-    if isinstance(winner, str):
-        return [winner]
-    return [w for w in winner or () if isinstance(w, str)]
 
 
 @dataclass(frozen=True)

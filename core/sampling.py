@@ -1,4 +1,15 @@
-"""Choosing the next token from a distribution: greedy, or seeded temperature/top-p sampling."""
+"""Sampling, defined once for every method.
+
+* **Temperature** scales each member's logits: a member's distribution is softmax(logits / T)
+  (its session computes it; `MemberSession.next(..., temperature)`). Greedy decoding (T = 0)
+  combines the members' distributions at T = 1 and takes the argmax.
+* **Top-p** applies once, to the distribution something is actually drawn from: the ensemble's
+  combined distribution for GaC and UniTE, a member's own distribution when it draws alone
+  (`Single`, the gate's confident steps, a SAFE or span drafter), SAFE's combined target when it
+  resamples. Member distributions that are only combined are never cut.
+* **Seeds**: each prompt gets its own generator, seeded with `seed`, so a prompt's text does not
+  depend on what else is in its batch.
+"""
 
 from __future__ import annotations
 
@@ -19,29 +30,38 @@ def row_generator(settings: GenerationSettings, device: torch.device | str = "cp
     return generator
 
 
+def temperature_of(settings: GenerationSettings) -> float:
+    """The temperature member distributions are computed at (1 when greedy)."""
+    return 1.0 if settings.greedy else settings.temperature
+
+
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely entries whose mass reaches `top_p`, renormalised."""
+    total = probs.sum()
     if top_p >= 1.0:
-        return probs
-    ordered, order = torch.sort(probs, descending=True)
+        return probs / total
+    ordered, order = torch.sort(probs / total, descending=True)
     before = torch.cumsum(ordered, dim=-1) - ordered  # mass of strictly more likely entries
     ordered[before >= top_p] = 0.0
     kept = torch.zeros_like(probs).scatter_(-1, order, ordered)
     return kept / kept.sum()
 
 
-def sampling_probs(logits: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
-    """Float32 probabilities after temperature and top-p, for a 1-D logits vector."""
-    return top_p_filter(torch.softmax(logits.float() / settings.temperature, dim=-1), settings.top_p)
-
-
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One index drawn from a 1-D probability vector with a seeded generator."""
-    return int(torch.multinomial(probs.to(generator.device), 1, generator=generator))
+    return int(torch.multinomial(probs.to(generator.device, torch.float32), 1, generator=generator))
 
 
-def choose_token(logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None) -> int:
-    """The next token id from 1-D logits: argmax when greedy, else a seeded sample."""
+def draw(probs: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None) -> int:
+    """An index of a 1-D distribution: its argmax when greedy, else a seeded sample after top-p.
+
+    Greedy ties go to the lowest index (what `torch.argmax` and `generate` do).
+    """
     if settings.greedy or generator is None:
-        return int(torch.argmax(logits))
-    return sample(sampling_probs(logits, settings), generator)
+        return int(torch.argmax(probs))
+    return sample(top_p_filter(probs.float(), settings.top_p), generator)
+
+
+def uniform(generator: torch.Generator) -> float:
+    """A seeded draw from U[0, 1) (speculative sampling's acceptance test)."""
+    return float(torch.rand((), generator=generator, device=generator.device))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ensemble_core.members.text_sync import incomplete_utf8_suffix
+from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
 
 
 class TextBuffer:
@@ -28,6 +28,10 @@ class TextBuffer:
             return False
         del self.data[min(hits) :]
         return True
+
+    def tail(self, size: int) -> bytes:
+        """The last `size` committed bytes (fewer if there are fewer)."""
+        return bytes(self.data[-size:]) if size > 0 else b""
 
     def text(self) -> str:
         return bytes(self.data).decode("utf-8", errors="replace")

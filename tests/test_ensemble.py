@@ -1,4 +1,4 @@
-"""Ensemble + Single on tiny float32 models: batching, stop strings, streaming, seeds, errors."""
+"""The Ensemble on tiny float32 models: batching, stop strings, streaming, seeds, errors."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ import pytest
 from ensemble_core import Ensemble, HFMember
 from ensemble_core.errors import ConfigError, ModelLoadError, TemplateError, UnknownNameError
 from ensemble_core.methods import Single
-from reference import hf_greedy_generate
+from reference import endless, text_greedy_generate
 
 PROMPTS = ["The", "A much longer prompt about rivers and their", "Hello there, said"]
 
 
 @pytest.fixture
 def llama(tiny_member) -> Ensemble:
-    return Ensemble([tiny_member("tiny-llama")], method=Single())
+    return Ensemble([endless(tiny_member("tiny-llama"))], method=Single(), boundary="retokenize")
 
 
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen2", "tiny-gemma3"])
-def test_batch_equals_one_at_a_time_equals_hf_generate(arch: str, tiny_member) -> None:
+def test_batch_equals_one_at_a_time_equals_uncached_greedy(arch: str, tiny_member) -> None:
     member = tiny_member(arch)
-    ensemble = Ensemble([member], method="single")
+    ensemble = Ensemble([member], method="single", boundary="retokenize")
     batch = ensemble.generate_batch(PROMPTS, max_new_tokens=20)
     for prompt, batched in zip(PROMPTS, batch, strict=True):
         alone = ensemble.generate(prompt, max_new_tokens=20)
@@ -28,7 +28,7 @@ def test_batch_equals_one_at_a_time_equals_hf_generate(arch: str, tiny_member) -
         assert batched.text == alone.text
         assert (
             alone.token_ids[member.name]
-            == hf_greedy_generate(member, member.render(prompt), 20)[: len(alone.token_ids[member.name])]
+            == text_greedy_generate(member, member.render(prompt).ids, 20)[: len(alone.token_ids[member.name])]
         )
 
 
@@ -67,7 +67,7 @@ def test_usage_and_stats_count_what_happened(llama: Ensemble) -> None:
     member = llama.members[0]
     result = llama.generate("The", max_new_tokens=12)
     assert result.finish_reason == "length"
-    assert result.usage.prompt_tokens == len(member.render("The"))
+    assert result.usage.prompt_tokens == len(member.render("The").ids)
     assert result.usage.completion_tokens == 12 == result.stats.steps
     assert result.usage.counted_by == member.name
     stats = result.stats.members[member.name]
@@ -75,11 +75,12 @@ def test_usage_and_stats_count_what_happened(llama: Ensemble) -> None:
 
 
 def test_single_picks_the_named_member_and_others_never_run(tiny_member) -> None:
-    llama, qwen = tiny_member("tiny-llama"), tiny_member("tiny-qwen2")
+    llama, qwen = tiny_member("tiny-llama"), endless(tiny_member("tiny-qwen2"))
     ensemble = Ensemble([llama, qwen], method=Single(member="tiny-qwen2"))
     result = ensemble.generate("The", max_new_tokens=5)
     assert list(result.stats.members) == ["tiny-qwen2"]
     assert result.token_ids["tiny-qwen2"] == Ensemble([qwen]).generate("The", max_new_tokens=5).token_ids["tiny-qwen2"]
+    assert result.stats.method_stats.steps == 5
 
 
 @pytest.mark.parametrize(
@@ -87,9 +88,9 @@ def test_single_picks_the_named_member_and_others_never_run(tiny_member) -> None
     [
         ({"max_new_tokens": 0}, "`max_new_tokens` has to be a positive integer, but is 0"),
         ({"max_new_tokens": -3}, "`max_new_tokens` has to be a positive integer, but is -3"),
-        ({"temperature": -0.1}, "`temperature` has to be >= 0"),
+        ({"temperature": -0.1}, r"`temperature` has to be a finite number >= 0"),
         ({"top_p": 0.0}, r"`top_p` has to be in \(0, 1\]"),
-        ({"seed": -1}, "`seed` has to be a non-negative integer"),
+        ({"seed": -1}, r"`seed` has to be an integer in \[0, 2\*\*64\) or None"),
         ({"stop": [""]}, "`stop` must hold non-empty strings"),
         ({"max_tokens": 5}, "`max_tokens` is not a generation setting; known settings: max_new_tokens"),
     ],
@@ -150,3 +151,41 @@ def test_a_device_that_does_not_exist_fails_before_loading(device, message, monk
 def test_unknown_model_ids_are_a_load_error_with_a_hint() -> None:
     with pytest.raises(ModelLoadError, match="packaged name"):
         HFMember.from_pretrained("no-such-org/no-such-model")
+
+
+def test_a_method_is_configuration_that_ensembles_share_without_rebinding(tiny_member) -> None:
+    llama, qwen = tiny_member("tiny-llama"), tiny_member("tiny-qwen2")
+    method = Single(member="tiny-qwen2")
+    with pytest.raises(AttributeError):
+        method.member = "tiny-llama"  # frozen
+    both = Ensemble([llama, qwen], method=method)
+    other = Ensemble([qwen], method=method)
+    assert both.binding.reference == 1 and other.binding.reference == 0  # each ensemble binds for itself
+    assert both.generate("The", max_new_tokens=3).token_ids.keys() == {"tiny-qwen2"}
+
+
+def test_closing_returns_the_models_and_the_union(tiny_member, load_tokenizer) -> None:
+    import gc
+    import weakref
+
+    from conftest import _tiny_config
+
+    from ensemble_core.errors import ClosedError
+    from ensemble_core.methods import GaC
+
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    model_class, config = _tiny_config("llama", len(tokenizer))
+    config._attn_implementation = "sdpa"
+    models = [model_class(config) for _ in range(2)]
+    gone = [weakref.ref(m) for m in models]
+    members = [HFMember(m, tokenizer, name=f"m{i}") for i, m in enumerate(models)]
+    with Ensemble(members, method=GaC()) as ensemble:
+        ensemble.generate("The", max_new_tokens=3)
+        union = weakref.ref(ensemble.binding.cache["union"])
+    assert ensemble.closed
+    with pytest.raises(ClosedError, match="closed"):
+        ensemble.generate("The", max_new_tokens=3)
+    del models, members
+    gc.collect()
+    assert all(ref() is None for ref in gone)  # nothing holds the weights any more
+    assert union() is None  # nor the union (not even the cache of recent unions)

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ensemble_core import packaged
-from ensemble_core.chat import Prompt, Tools, chat_end_token_ids, render_prompt
+from ensemble_core.chat.templates import chat_end_token_ids
 from ensemble_core.devices import resolve_device, resolve_dtype
-from ensemble_core.errors import ConfigError, ModelLoadError
-from ensemble_core.members.base import Member
-from ensemble_core.members.kv_batch import KVBatch
-from ensemble_core.members.text_sync import DEFAULT_TAIL_TOKENS, ExactEncoder, MemberSession
-from ensemble_core.vocab import token_table
+from ensemble_core.errors import ClosedError, ConfigError, ModelLoadError
+from ensemble_core.members.base import TokenizerMember
+from ensemble_core.members.hf_backend import HFBackend, cache_keyword, check_attention
+from ensemble_core.members.session import DEFAULT_TAIL_TOKENS
+from ensemble_core.members.token_tree import Backend
 
 # Special tokens that mean "end of text" in the families we know. A tokenizer gets these as
 # extra end ids only when it has them AS SPECIAL TOKENS (data, not a model-name check):
@@ -30,6 +30,9 @@ END_TOKEN_STRINGS = (
     "</s>",
     "<eos>",
 )
+
+
+_SCORE_CHUNK = 256  # positions per forward when scoring a text
 
 
 def _as_id_set(value: Any) -> set[int]:
@@ -82,33 +85,60 @@ def _default_name(name_or_path: str) -> str:
     return Path(name_or_path.rstrip("/")).name or name_or_path
 
 
-class HFMember(Member):
+class HFMember(TokenizerMember):
     """A Hugging Face causal LM with its tokenizer, ready to take part in an ensemble.
 
     Build it with `HFMember.from_pretrained(...)`, or wrap an already loaded model and
-    tokenizer with `HFMember(model, tokenizer, name=...)`.
+    tokenizer with `HFMember(model, tokenizer, name=...)` (two members may share one model:
+    give them different names).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str, *, tail_tokens: int = DEFAULT_TAIL_TOKENS):
         if not isinstance(name, str) or not name:
             raise ConfigError(f"`name` must be a non-empty string, but is {name!r}.")
-        if tail_tokens < 1:
-            raise ConfigError(f"`tail_tokens` has to be a positive integer, but is {tail_tokens}.")
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name
-        self.table = token_table(tokenizer)
-        self.eos_token_ids = collect_eos_ids(model, tokenizer)
+        if isinstance(tail_tokens, bool) or not isinstance(tail_tokens, int) or tail_tokens < 1:
+            raise ConfigError(f"`tail_tokens` has to be a positive integer, but is {tail_tokens!r}.")
+        check_attention(model)
+        self.model: torch.nn.Module | None = model.eval()
+        eos = collect_eos_ids(model, tokenizer)
+        width = int(model.get_output_embeddings().weight.shape[0])
+        super().__init__(tokenizer, name, eos, width, next(model.parameters()).device, tail_tokens)
         self.context_window = config_context_window(model.config)
-        self.logits_width = int(model.get_output_embeddings().weight.shape[0])
-        self._encoder = ExactEncoder(tokenizer, self.table)
-        self._tail_tokens = tail_tokens
         pad = getattr(tokenizer, "pad_token_id", None)
         self._pad_id = int(pad) if pad is not None else min(self.eos_token_ids, default=0)
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.vocab.device
+
+    def _backend(self) -> Backend:
+        if self.model is None:
+            raise ClosedError(f"Member {self.name!r} was closed; load it again to use it.")
+        return HFBackend(self.model, pad_token_id=self._pad_id)
+
+    def _next_token_logprobs(self, ids: list[int]) -> torch.Tensor:
+        """The model's own forward (soft-capping and all), over the cache in chunks, so a long
+        text never holds more than one chunk of vocabulary-wide logits."""
+        if self.model is None:
+            raise ClosedError(f"Member {self.name!r} was closed; load it again to use it.")
+        from transformers import DynamicCache
+
+        tokens = torch.tensor([ids], device=self.device)
+        cache = DynamicCache()
+        keyword = cache_keyword(self.model)
+        found = []
+        with torch.inference_mode():
+            for start in range(0, len(ids) - 1, _SCORE_CHUNK):
+                piece = tokens[:, start : min(start + _SCORE_CHUNK, len(ids) - 1)]
+                logits = self.model(input_ids=piece, use_cache=True, **{keyword: cache}).logits[0].float()
+                targets = tokens[0, start + 1 : start + 1 + piece.shape[1]]
+                found.append(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0])
+        return torch.cat(found).cpu()
+
+    def close(self) -> None:
+        """Drop this member's reference to the model (its memory is freed once nothing else holds it)."""
+        super().close()
+        self.model = None
 
     @classmethod
     def from_pretrained(
@@ -144,9 +174,10 @@ class HFMember(Member):
         folder, packaged_name = _source_folder(name_or_path)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        options = {"attn_implementation": "sdpa", **dict(model_kwargs or {})}
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder)
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **dict(model_kwargs or {}))
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **options)
         except (OSError, ValueError, KeyError, ImportError) as error:
             raise ModelLoadError(
                 f"Could not load {name_or_path!r} as a Hugging Face causal LM: {error}\n"
@@ -157,10 +188,3 @@ class HFMember(Member):
             tokenizer.chat_template = chat_template
         model.to(target_device)
         return cls(model, tokenizer, name or packaged_name or _default_name(name_or_path))
-
-    def render(self, prompt: Prompt, tools: Tools = None, reply_prefix: str = "") -> list[int]:
-        return render_prompt(self.tokenizer, prompt, self.name, tools, reply_prefix)
-
-    def start(self, prompts: Sequence[Sequence[int]]) -> MemberSession:
-        batch = KVBatch(self.model, prompts, pad_token_id=self._pad_id)
-        return MemberSession(batch, self.table, self._encoder, self._tail_tokens)

@@ -1,6 +1,15 @@
 """Decoding methods, chosen by instance or by registry name (`Ensemble(..., method="single")`)."""
 
-from ensemble_core.methods.base import METHODS, Commit, DecodeState, Method, MethodRun, register, resolve_method
+from ensemble_core.methods.base import (
+    METHODS,
+    Binding,
+    Commit,
+    DecodeState,
+    Method,
+    MethodRun,
+    register,
+    resolve_method,
+)
 from ensemble_core.methods.safe import SAFE
 from ensemble_core.methods.segment import SpecFuse
 from ensemble_core.methods.single import Single
@@ -10,6 +19,7 @@ from ensemble_core.methods.token import GaC, UniTE
 __all__ = [
     "METHODS",
     "SAFE",
+    "Binding",
     "Commit",
     "DecodeState",
     "GaC",

@@ -1,10 +1,15 @@
 """The contract between the decode loop and a method, and the method registry.
 
-A `Method` is configuration (checked in `__init__`), bound once to an ensemble's members.
-For each generation it opens a `MethodRun` that holds that generation's state, so one
-method object can serve concurrent generations. The `Ensemble` owns the loop: it asks the
-run for one `Commit` per active row, applies stop strings and limits, and brings every
-member's ids in step with the committed text.
+A `Method` is immutable configuration (a frozen dataclass, checked when made). Bound to an
+ensemble's members (`bind`), it becomes a `Binding`: which members take part, which one counts
+the headline usage, the normalised weights, and any named roles (`drafter`, `primary`); an
+unknown member name fails there, before any model work. For each generation the binding opens
+a `MethodRun` that holds all of that generation's state, keyed by stable request ids, so one
+method object can serve any number of ensembles and concurrent generations.
+
+The `Ensemble` owns the loop: each step it asks the run for one `Commit` per active request,
+applies stop strings and limits, commits the text to every member, and tells the run (through
+`drop`, the one hook) which requests ended.
 """
 
 from __future__ import annotations
@@ -17,36 +22,26 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from ensemble_core.config import GenerationSettings
-from ensemble_core.errors import ConfigError, UnknownNameError
-from ensemble_core.members.base import Member
-from ensemble_core.members.text_sync import MemberSession
+from ensemble_core.errors import ConfigError, GenerationError, UnknownNameError
+from ensemble_core.members.contract import Continuations, MemberSession, MemberVocab, RequestId
+from ensemble_core.methods.weighting import RULE_NAMES, WeightRule, rule_of
+from ensemble_core.results import MethodStats
 
 
 @dataclass(frozen=True)
 class Commit:
-    """What one step appends to one row.
+    """What one step appends to one request.
 
     Attributes:
         text: the bytes appended to the committed text (may end inside a character).
-        eos: the row ends after `text` (the end-of-sequence token itself appends nothing).
-        tokens: how many tokens this commit counts toward `max_new_tokens` (the end-of-
-            sequence token included, as `generate` counts it).
-        proposals: member index -> that member's own token ids spelling a prefix of `text`
-            (usually all of it); such a member keeps its ids instead of re-encoding.
+        eos: the request ends after `text` (the end-of-sequence token itself appends nothing).
+        tokens: how many tokens this commit counts toward `max_new_tokens` (the end-of-sequence
+            token included, as `generate` counts it).
     """
 
     text: bytes = b""
     eos: bool = False
     tokens: int = 1
-    proposals: Mapping[int, Sequence[int]] = field(default_factory=dict)
-
-
-def token_commit(member: Member, member_index: int, token: int) -> Commit:
-    """Commit one token a member chose itself: its bytes (it keeps its id), or the end."""
-    if token in member.eos_token_ids:
-        return Commit(eos=True)
-    spelled = member.table.token_bytes[token] if token < len(member.table) else None
-    return Commit(text=spelled or b"", proposals={member_index: [token]})
 
 
 @dataclass
@@ -54,110 +49,165 @@ class DecodeState:
     """What a method run sees at each step.
 
     Attributes:
-        members: all members of the ensemble (by index).
-        remaining: per active row, how many tokens it may still commit (`max_new_tokens`
-            minus what it has); a multi-token commit must not exceed it.
+        members: every member's static facts (by member index).
         sessions: member index -> its session; only the members the method takes part with.
-            Session row k is the k-th active row.
         settings: the call's generation settings.
-        generators: per active row, its sampling generator (None when greedy).
+        requests: the active requests, in order.
+        generators: per request, its sampling generator (None when greedy).
+        remaining: per request, how many tokens it may still commit; a multi-token commit
+            must not exceed it.
+        tails: per request, a function giving the last `n` committed bytes (stop strings).
+        device: where distributions are combined (see `Ensemble`).
+        weights: per request, member weights found before generating (the "prompt" rule);
+            requests without an entry use the binding's weights.
     """
 
-    members: Sequence[Member]
+    members: Sequence[MemberVocab]
     sessions: dict[int, MemberSession]
     settings: GenerationSettings
-    generators: list[torch.Generator | None]
-    remaining: list[int] = field(default_factory=list)
+    requests: list[RequestId]
+    generators: dict[RequestId, torch.Generator | None]
+    remaining: dict[RequestId, int] = field(default_factory=dict)
+    tails: dict[RequestId, Callable[[int], bytes]] = field(default_factory=dict)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    weights: dict[RequestId, tuple[float, ...]] = field(default_factory=dict)
 
-    @property
-    def rows(self) -> int:
-        return len(self.generators)
+    def next_of(self, member: int, requests: Sequence[RequestId]) -> dict[RequestId, Continuations | None]:
+        """One member's distributions for some requests (one forward)."""
+        found = self.sessions[member].next(list(requests), _temperature(self.settings))
+        return dict(zip(requests, found, strict=True))
+
+    def tail(self, request: RequestId, size: int) -> bytes:
+        return self.tails[request](size) if request in self.tails else b""
 
 
-def in_step_members(state: DecodeState, row: int, members: Sequence[int]) -> list[int]:
-    """The members whose ids spell all of the row's committed text (a member that cannot
-    spell a split character holds it back and sits the step out, unless all would)."""
-    ready = [m for m in members if not state.sessions[m].held(row)]
-    return ready or list(members)
+def _temperature(settings: GenerationSettings) -> float:
+    return 1.0 if settings.greedy else settings.temperature
+
+
+def require_some(distributions: Mapping[int, Continuations | None], request: RequestId) -> dict[int, Continuations]:
+    """The members that can take part in this step; a `GenerationError` if none can."""
+    found = {m: c for m, c in distributions.items() if c is not None}
+    if not found:
+        raise GenerationError(
+            f"No member can continue request {request}: every member lacks tokens for the committed text "
+            "(see the EnsembleWarning above). Add a member whose vocabulary covers it."
+        )
+    return found
 
 
 class MethodRun(ABC):
-    """One generation's worth of a method's state."""
+    """One generation's worth of a method's state, keyed by request id."""
 
     @abstractmethod
-    def step(self, state: DecodeState) -> list[Commit]:
-        """One commit for each active row, in row order."""
+    def step(self, state: DecodeState) -> dict[RequestId, Commit]:
+        """One commit for each active request."""
 
-    def stats(self) -> dict[str, Any]:
-        """Method-specific figures for the results (empty by default)."""
-        return {}
+    @abstractmethod
+    def stats(self, request: RequestId) -> MethodStats:
+        """The method's figures for one request (asked when it finishes, before `drop`)."""
+
+    def drop(self, requests: Sequence[RequestId]) -> None:  # noqa: B027 - optional hook
+        """These requests ended: forget their state."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A method bound to an ensemble's members.
+
+    Attributes:
+        method: the configuration.
+        members: every member's static facts.
+        participants: indices of the members it runs (the others never load a prompt).
+        reference: the member whose tokens count the headline usage.
+        weights: one normalised weight per member (zeros for non-participants).
+        roles: named members, e.g. {"drafter": 0}.
+        rule: how per-request weights are found (`weighting.WeightRule`), or None: `weights`.
+        cache: what a method builds once for these members and reuses in every run (the union
+            vocabulary); it lives as long as the ensemble and is cleared by `Ensemble.close`.
+    """
+
+    method: Method
+    members: tuple[MemberVocab, ...]
+    participants: tuple[int, ...]
+    reference: int
+    weights: tuple[float, ...]
+    roles: Mapping[str, int] = field(default_factory=dict)
+    rule: WeightRule | None = None
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def start(self, settings: GenerationSettings, device: torch.device) -> MethodRun:
+        """A fresh run for one generation."""
+        return self.method.start(self, settings, device)
 
 
 class Method(ABC):
-    """A decoding strategy over members. Subclasses check their arguments in `__init__`."""
+    """A decoding strategy over members: immutable configuration, checked when made."""
 
     name: ClassVar[str]
 
-    def bind(self, members: Sequence[Member]) -> None:  # noqa: B027 - optional hook
-        """Resolve member references against the ensemble's members (raise on unknown names)."""
+    @abstractmethod
+    def bind(self, members: Sequence[MemberVocab]) -> Binding:
+        """Resolve member references and weights against an ensemble's members (raise on unknown names)."""
 
     @abstractmethod
-    def participants(self, members: Sequence[Member]) -> list[int]:
-        """Indices of the members this method runs (the others never load a prompt)."""
-
-    @abstractmethod
-    def reference_member(self, members: Sequence[Member]) -> int:
-        """The member whose tokens count the headline usage."""
-
-    @abstractmethod
-    def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
+    def start(self, binding: Binding, settings: GenerationSettings, device: torch.device) -> MethodRun:
         """A fresh run for one generation."""
 
 
-class EnsembleMethod(Method):
-    """A method over all members, with optional per-member weights (normalised when bound)."""
-
-    def __init__(self, weights: Sequence[float] | None = None):
-        self.weights = check_weights(weights)
-        self._normalised: list[float] = []
-
-    def bind(self, members: Sequence[Member]) -> None:
-        self._normalised = normalised_weights(self.weights, len(members))
-
-    @property
-    def member_weights(self) -> list[float]:
-        """The weights in use (summing to 1), known once the method is bound."""
-        return self._normalised
-
-    def participants(self, members: Sequence[Member]) -> list[int]:
-        return list(range(len(members)))
-
-    def reference_member(self, members: Sequence[Member]) -> int:
-        return 0
-
-
-def check_weights(weights: Sequence[float] | None) -> list[float] | None:
-    """Weights as floats, rejected when negative or all zero (their count is checked at bind)."""
-    if weights is None:
-        return None
-    if isinstance(weights, str | bytes) or not isinstance(weights, Sequence):
+def check_weights(weights: Sequence[float] | str | None) -> tuple[float, ...] | WeightRule | None:
+    """Weights as floats (rejected when negative or all zero; their count is checked at bind),
+    or a rule that finds them (`"auto"`, `"prompt"`, `"agreement"`: see `methods.weighting`)."""
+    if weights is None or isinstance(weights, WeightRule):
+        return weights
+    if isinstance(weights, str):
+        if weights not in RULE_NAMES:
+            raise ConfigError(
+                f"`weights` must be numbers (one per member) or one of {list(RULE_NAMES)}, but is {weights!r}."
+            )
+        return rule_of(weights)
+    if isinstance(weights, bytes) or not isinstance(weights, Sequence):
         raise ConfigError(f"`weights` must be a list of numbers, one per member, but is {weights!r}.")
-    values = [float(w) for w in weights]
+    try:
+        values = tuple(float(w) for w in weights)
+    except (TypeError, ValueError):
+        raise ConfigError(f"`weights` must be a list of numbers, one per member, but is {weights!r}.") from None
     if any(not w >= 0.0 for w in values):
-        raise ConfigError(f"`weights` must all be >= 0, but are {values}.")
+        raise ConfigError(f"`weights` must all be >= 0, but are {list(values)}.")
     if sum(values) <= 0.0:
-        raise ConfigError(f"`weights` must not all be zero, but are {values}.")
+        raise ConfigError(f"`weights` must not all be zero, but are {list(values)}.")
     return values
 
 
-def normalised_weights(weights: list[float] | None, count: int) -> list[float]:
-    """Weights for `count` members, summing to 1 (default: equal)."""
-    if weights is None:
-        return [1.0 / count] * count
+def normalised_weights(weights: Sequence[float] | WeightRule | None, count: int) -> tuple[float, ...]:
+    """Weights for `count` members, summing to 1 (default, and the start of a rule: equal)."""
+    if weights is None or isinstance(weights, WeightRule):
+        return tuple([1.0 / count] * count)
     if len(weights) != count:
         raise ConfigError(f"`weights` has {len(weights)} entries, but the ensemble has {count} members.")
     total = sum(weights)
-    return [w / total for w in weights]
+    return tuple(w / total for w in weights)
+
+
+def check_positive_int(value: Any, field_name: str) -> int:
+    """An integer >= 1, or a `ConfigError` naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"`{field_name}` has to be a positive integer, but is {value!r}.")
+    return value
+
+
+def check_fraction(value: Any, field_name: str, low: float, high: float, *, low_open: bool, high_open: bool) -> float:
+    """A number in the stated interval, or a `ConfigError` naming the field and the interval."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    above = number > low if low_open else number >= low
+    below = number < high if high_open else number <= high
+    if not (above and below):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ConfigError(f"`{field_name}` has to be in {interval}, but is {value!r}.")
+    return number
 
 
 METHODS: dict[str, type[Method]] = {}
@@ -179,18 +229,20 @@ def resolve_method(method: Method | str, params: Mapping[str, Any] | None = None
     """A method instance from an instance or a registry name (with optional parameters)."""
     if isinstance(method, Method):
         if params:
-            raise UnknownNameError("`method_params` only apply when `method` is given by name.")
+            raise ConfigError("`method_params` only apply when `method` is given by name.")
         return method
     if not isinstance(method, str) or method.lower() not in METHODS:
         known = ", ".join(sorted(METHODS))
         raise UnknownNameError(f"Unknown method {method!r}. Known methods: {known}.")
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigError(f"`method_params` must be a mapping of parameter names to values, but is {params!r}.")
     try:
         return METHODS[method.lower()](**dict(params or {}))
     except TypeError as error:  # an unknown or missing keyword of the method's __init__
         raise ConfigError(f"`method_params` do not fit method {method!r}: {error}") from None
 
 
-def member_index(members: Sequence[Member], name: str, role: str) -> int:
+def member_index(members: Sequence[MemberVocab], name: str, role: str) -> int:
     """The index of the member called `name` (or whose name it uniquely begins), else an error.
 
     `SAFE(drafter="qwen")` thus finds "qwen2.5-coder-0.5b-instruct".
@@ -205,3 +257,27 @@ def member_index(members: Sequence[Member], name: str, role: str) -> int:
     if starting:
         raise UnknownNameError(f"`{role}` is {name!r}, which matches several members ({known}); use a full name.")
     raise UnknownNameError(f"`{role}` is {name!r}, but the ensemble's members are {known}.")
+
+
+def bind_all(
+    method: Method,
+    members: Sequence[MemberVocab],
+    weights: Sequence[float] | WeightRule | None,
+    reference: int = 0,
+    roles: Mapping[str, int] | None = None,
+) -> Binding:
+    """A binding over every member (the usual case)."""
+    return Binding(
+        method=method,
+        members=tuple(members),
+        participants=tuple(range(len(members))),
+        reference=reference,
+        weights=normalised_weights(weights, len(members)),
+        roles=dict(roles or {}),
+        rule=weights if isinstance(weights, WeightRule) else None,
+    )
+
+
+def role_index(members: Sequence[MemberVocab], name: str | None, role: str) -> int:
+    """A named role's member (the first member when not named)."""
+    return 0 if name is None else member_index(members, name, role)

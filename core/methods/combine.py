@@ -1,14 +1,23 @@
-"""Combining members' next-token distributions in the union vocabulary.
+"""Combining members' next-step distributions over one set of candidate texts.
 
-Shared by every token-level method (GaC, UniTE, SAFE): the full weighted union distribution,
-the EXACT greedy shortcut over top-k candidates, UniTE's top-k restricted distribution, the
-tie rule, SAFE's sharpening, and the choice (argmax or seeded sample).
+Shared by every token-level method (GaC, UniTE, SAFE): the full weighted distribution, the EXACT
+greedy shortcut over top-k candidates, UniTE's top-k restricted distribution, the tie rule,
+SAFE's sharpening, and the choice (argmax or seeded sample).
 
-Tie rule (the same on every path, so a method that skips work picks what the full
-computation would): among union entries with exactly the highest score, the argmax entry
-of the member with the largest weight wins (the first such member); otherwise the lowest
-union index. With one member at weight 1, or the same model twice, this reproduces that
-member's own greedy choice even when its top two logits are equal.
+Candidates are texts (bytes a member would add after the committed text). A member's whole
+tokens land in the union vocabulary (`vocab.union`) through its index map; candidates from
+tokens that re-cover committed bytes (prompt-boundary correction) are texts that may or may not
+be union entries: those that are not get a per-step entry past the union (`Step.text`).
+
+Where the combination happens: every step's member distributions are moved ONCE to the
+combining device (the `Ensemble` picks it: the device of the method's reference member), and
+the union's index maps live there (moved once per device, see `MemberMap.on`).
+
+Tie rule (the same on every path, so a method that skips work picks what the full computation
+would): among entries with exactly the highest score, the own choice of the member with the
+largest weight wins (the first such member); otherwise the lowest entry. With one member at
+weight 1, or the same model twice, this reproduces that member's own greedy choice even when
+its top two candidates tie.
 """
 
 from __future__ import annotations
@@ -19,210 +28,361 @@ from dataclasses import dataclass
 import torch
 
 from ensemble_core.config import GenerationSettings
-from ensemble_core.members.text_sync import MemberSession, incomplete_utf8_suffix
+from ensemble_core.members.contract import Continuations, MemberVocab, Pick
+from ensemble_core.methods.choice import greedy_choice
 from ensemble_core.sampling import sample, top_p_filter
-from ensemble_core.union import EOS_INDEX, UnionVocab
+from ensemble_core.vocab.union import EOS_INDEX, MemberMap, UnionVocab
+from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
+
+# Greedy shortcut: candidates are each member's top-k; k = 32 decides exactly in nearly every
+# step (ALGORITHMS.md section 8) and costs a fraction of a millisecond.
+SHORTCUT_TOP_K = 32
+_BOUND_SLACK = 1e-6  # float32 sums of probabilities are not exactly 1
 
 FirstToken = Callable[[int, bytes], "int | None"]  # (member, text) -> its first token of that text
 
 
-def first_tokens_of(sessions: Mapping[int, MemberSession]) -> FirstToken:
-    """UniTE's lookup for a candidate a member lacks: the member's first token of that text."""
-
-    def first_token(member: int, text: bytes) -> int | None:
-        ids = sessions[member].encoder.encode(text)
-        return ids[0] if ids else None
-
-    return first_token
-
-
-# Greedy shortcut: candidates are each member's top-k; k = 32 decides exactly in nearly
-# every step (ALGORITHMS.md section 8) and costs a fraction of a millisecond.
-SHORTCUT_TOP_K = 32
-_BOUND_SLACK = 1e-6  # float32 sums of probabilities are not exactly 1
-
-
 @dataclass
 class Scored:
-    """Union entries with their combined probability (a sub-distribution or the full one)."""
+    """Entries with their combined probability (a sub-distribution or the full one)."""
 
     entries: torch.Tensor  # LongTensor [n]
     probs: torch.Tensor  # float32 [n]
 
 
+@dataclass(frozen=True)
+class OwnChoice:
+    """A member's own greedy choice in a step: its pick, the entry of its text, and its mass."""
+
+    pick: Pick
+    entry: int
+    mass: float
+
+
 class Combiner:
-    """Weighted combinations of member distributions over one union.
+    """Weighted combinations of member distributions, built for one generation.
 
     Args:
         union: the members' union vocabulary.
-        weights: one non-negative weight per member (in union member order), summing to 1.
+        members: every member's static facts (by member index).
+        weights: one non-negative weight per member, summing to 1.
+        device: where distributions are combined.
     """
 
-    def __init__(self, union: UnionVocab, weights: Sequence[float]):
+    def __init__(
+        self, union: UnionVocab, members: Sequence[MemberVocab], weights: Sequence[float], device: torch.device
+    ):
         self.union = union
+        self.members = members
         self.weights = list(weights)
-        self._first_tokens: list[dict[bytes, int | None]] = [{} for _ in union.maps]
+        self.device = device
+        self.maps: list[MemberMap] = [m.on(device) for m in union.maps]
 
-    # -------------------------------------------------------------- per member
+    def step(self, distributions: Mapping[int, Continuations], weights: Sequence[float] | None = None) -> Step:
+        """The members' distributions for one position of one request, ready to combine (with
+        that request's own weights when it has them, e.g. from `weights="auto"`)."""
+        return Step(self, distributions, weights)
 
-    @staticmethod
-    def member_probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-        """float32 softmax(logits / temperature) of a 1-D logits row."""
-        scaled = logits.float() if temperature in (0.0, 1.0) else logits.float() / temperature
-        return torch.softmax(scaled, dim=-1)
 
-    def mass(self, member: int, probs: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:
-        """The member's total probability on each union entry (0 where it has no such token)."""
-        member_map = self.union.maps[member]
-        first = member_map.first_id[entries]
+class Step:
+    """Member distributions at one position, moved to the combining device, with every
+    candidate text given an entry (a union index, or a per-step index past the union)."""
+
+    def __init__(
+        self, combiner: Combiner, distributions: Mapping[int, Continuations], weights: Sequence[float] | None = None
+    ):
+        self.c = combiner
+        self.weights = list(combiner.weights if weights is None else weights)
+        self.union = combiner.union
+        self.dense = {m: d.dense.to(combiner.device, torch.float32) for m, d in distributions.items()}
+        self.raw = dict(distributions)
+        self._dynamic: dict[bytes, int] = {}
+        self._dynamic_texts: list[bytes] = []
+        # member -> (sorted entries, float64 masses) of its partial candidates (texts from tokens
+        # re-covering committed bytes)
+        self.partial = {m: self._partial_masses(m, d) for m, d in distributions.items()}
+        self._partial_sets: dict[int, set[int]] = {}
+        self._own: dict[int, OwnChoice] = {}
+
+    # ------------------------------------------------------------------ entries
+
+    @property
+    def size(self) -> int:
+        """Entries in this step: the union's, the union's "nowhere" slot, then this step's own."""
+        return self.union.size + 1 + len(self._dynamic_texts)
+
+    @property
+    def nowhere(self) -> int:
+        """The slot of ids that are not text (control tokens, padded logit rows): never chosen."""
+        return self.union.size
+
+    def text(self, entry: int) -> bytes:
+        if entry < self.union.size:
+            return self.union.entries[entry]
+        if entry == self.nowhere:
+            raise ValueError("the 'nowhere' slot has no text")
+        return self._dynamic_texts[entry - self.union.size - 1]
+
+    def entry_of(self, text: bytes) -> int:
+        """The entry of a candidate text (made for this step if the union lacks it)."""
+        found = self.union.index_of(text)
+        return found if found is not None else self._own_entries([text])[0]
+
+    def _own_entries(self, texts: list[bytes]) -> list[int]:
+        """This step's entries for texts the union lacks (known to be missing: no search)."""
+        made = []
+        for text in texts:
+            entry = self._dynamic.get(text)
+            if entry is None:
+                entry = self._dynamic[text] = self.union.size + 1 + len(self._dynamic_texts)
+                self._dynamic_texts.append(text)
+            made.append(entry)
+        return made
+
+    def _partial_masses(self, member: int, distribution: Continuations) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sorted entries, float64 masses) of the member's partial candidates: texts of tokens
+        that re-cover committed bytes, each group mapped with one tensor lookup (a group can
+        hold tens of thousands of candidates: after a committed space, every space-led token)."""
+        table = self.c.members[member].table
+        found_entries, found_masses = [], []
+        for group in distribution.partial:
+            suffixes = table.suffixes(group.skip)
+            ids = group.token_ids.cpu()
+            probs = group.probs.cpu().double()
+            keep = (probs > 0) & (ids < len(suffixes.ids))
+            text_ids = suffixes.ids[ids[keep]]
+            probs = probs[keep]
+            valid = text_ids >= 0
+            text_ids, probs = text_ids[valid], probs[valid]
+            entries = self.union.suffix_entries(member, group.skip, table)[text_ids]
+            missing = entries < 0
+            if bool(missing.any()):  # texts no member has as a whole token: this step's own entries
+                unique, inverse = torch.unique(text_ids[missing], return_inverse=True)
+                made = self._own_entries([suffixes.texts[t] for t in unique.tolist()])
+                entries[missing] = torch.tensor(made, dtype=torch.long)[inverse]
+            found_entries.append(entries)
+            found_masses.append(probs)
+        if not found_entries:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
+        unique, inverse = torch.unique(torch.cat(found_entries), return_inverse=True)
+        return unique, torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, torch.cat(found_masses))
+
+    def pick_entry(self, member: int, pick: Pick) -> int | None:
+        """The entry a member's candidate lands on (None: a control token, no text)."""
+        if pick.group == -1:
+            target = int(self.c.maps[member].to_union[pick.index])
+            return None if target == self.nowhere else target
+        group = self.raw[member].partial[pick.group]
+        token = int(group.token_ids[pick.index])
+        spelled = self.c.members[member].table.token_bytes[token] or b""
+        return self.entry_of(spelled[group.skip :])
+
+    def _partial_set(self, member: int) -> set[int]:
+        if member not in self._partial_sets:
+            self._partial_sets[member] = set(self.partial[member][0].tolist())
+        return self._partial_sets[member]
+
+    # ------------------------------------------------------------------ one member
+
+    def mass(self, member: int, entries: torch.Tensor) -> torch.Tensor:
+        """The member's total probability on each entry (0 where it has no such candidate)."""
+        probs = self.dense[member]
+        member_map = self.c.maps[member]
+        static = entries < self.union.size
+        first = torch.full_like(entries, -1)
+        first[static] = member_map.first_id[entries[static]]
         found = first >= 0
-        mass = torch.where(found, probs[first.clamp(min=0)].float(), torch.zeros(()))
+        mass = torch.where(found, probs[first.clamp(min=0)], torch.zeros((), device=probs.device))
+        partial_entries, partial_masses = self.partial[member]
+        if not member_map.extra_ids and not len(partial_entries):
+            return mass
+        values = mass.double().cpu()  # float64, as a Python sum over the candidates would add
+        listed = entries.cpu()
         if member_map.extra_ids:
-            for position, entry in enumerate(entries.tolist()):
-                for token in member_map.extra_ids.get(entry, ()):
-                    mass[position] += probs[token].float()
-        return mass
+            shared = torch.isin(listed, member_map.shared_entries)
+            for position in torch.nonzero(shared).flatten().tolist():
+                for token in member_map.extra_ids[int(listed[position])]:
+                    values[position] += float(probs[token])
+        if len(partial_entries):
+            at = torch.searchsorted(partial_entries, listed).clamp(max=len(partial_entries) - 1)
+            hit = partial_entries[at] == listed
+            values[hit] += partial_masses[at[hit]]
+        return values.to(torch.float32).to(probs.device)
 
-    def top_entry(self, member: int, probs: torch.Tensor) -> tuple[int, int]:
-        """(member's argmax id, its union entry)."""
-        token = int(torch.argmax(probs))
-        return token, int(self.union.maps[member].to_union[token])
+    def probabilities_of(self, entry: int) -> dict[int, float]:
+        """Each member's probability of one entry (what the agreement weights learn from)."""
+        entries = torch.tensor([entry], device=self.c.device)
+        return {member: float(self.mass(member, entries)[0]) for member in self.dense}
 
-    # -------------------------------------------------------------- combinations
+    def own(self, member: int) -> OwnChoice:
+        """The member's own greedy choice (`choice.greedy_choice`) and the entry of its text
+        (`nowhere` for a control token)."""
+        if member not in self._own:
+            choice = greedy_choice(self.c.members[member], self.raw[member])
+            entry = EOS_INDEX if choice.eos else self.nowhere if choice.control else self.entry_of(choice.text)
+            self._own[member] = OwnChoice(choice.pick, entry, choice.prob)
+        return self._own[member]
 
-    def full(self, probs: Mapping[int, torch.Tensor]) -> torch.Tensor:
-        """sum_i w_i p_i over the whole union, float32 [union size] (ALGORITHMS.md section 1)."""
-        total = torch.zeros(self.union.size + 1, dtype=torch.float32)
-        for member, member_probs in probs.items():
+    def pick_for(self, member: int, entry: int) -> Pick | None:
+        """The member's own candidate for `entry` if that is its own choice, else None."""
+        own = self.own(member)
+        return own.pick if own.entry == entry else None
+
+    # ------------------------------------------------------------------ combinations
+
+    def full(self) -> torch.Tensor:
+        """sum_i w_i p_i over every entry, float32 [size] (ALGORITHMS.md section 1)."""
+        total = torch.zeros(self.size, dtype=torch.float32, device=self.c.device)
+        for member, probs in self.dense.items():
             weight = self.weights[member]
-            if weight:
-                source = member_probs.float() * weight  # any input dtype accumulates in float32
-                total.index_add_(0, self.union.maps[member].to_union[: member_probs.shape[0]], source)
-        return total[: self.union.size]
-
-    def candidates(self, probs: Mapping[int, torch.Tensor], top_k: int) -> torch.Tensor:
-        """Sorted union entries of every member's top-k tokens."""
-        found = []
-        for member, member_probs in probs.items():
-            ids = torch.topk(member_probs, min(top_k, member_probs.shape[0])).indices
-            found.append(self.union.maps[member].to_union[ids])
-        entries = torch.unique(torch.cat(found))
-        return entries[entries < self.union.size]
-
-    def score(self, probs: Mapping[int, torch.Tensor], entries: torch.Tensor) -> torch.Tensor:
-        """sum_i w_i p_i(entry) for the given entries only."""
-        total = torch.zeros(len(entries), dtype=torch.float32)
-        for member, member_probs in probs.items():
-            if self.weights[member]:
-                total += self.mass(member, member_probs * self.weights[member], entries)
+            if not weight:
+                continue
+            total.index_add_(0, self.c.maps[member].to_union[: probs.shape[0]], probs * weight)
+            entries, masses = self.partial[member]
+            if len(entries):
+                total.index_add_(0, entries.to(total.device), (weight * masses).to(torch.float32).to(total.device))
+        total[self.nowhere] = 0.0
         return total
 
-    def greedy(self, probs: Mapping[int, torch.Tensor]) -> tuple[int, bool]:
-        """The exact argmax of the full union distribution, and whether the shortcut decided it.
+    def candidates(self, top_k: int) -> torch.Tensor:
+        """Sorted entries of every member's top-k candidates (whole tokens and partial texts), and
+        of each member's own choice (whose mass adds up over ids, so it can lie outside its top-k)."""
+        found = []
+        for member, probs in self.dense.items():
+            ids = torch.topk(probs, min(top_k, probs.shape[0])).indices
+            found.append(self.c.maps[member].to_union[ids])
+            entries, masses = self.partial[member]
+            heaviest = entries[torch.sort(masses, descending=True, stable=True).indices[:top_k]]
+            own = torch.tensor([self.own(member).entry], dtype=torch.long)
+            found.append(torch.cat([heaviest, own]).to(self.c.device))
+        entries = torch.unique(torch.cat(found))
+        return entries[entries != self.nowhere]
 
-        Only the union of each member's top-k is scored. Any entry outside it gets at most
-        `sum_i w_i * min(m_i * p_i[k-th], mass of i outside its top-k)` (m_i: the most ids of
-        member i sharing one entry); if the best candidate beats that bound it IS the argmax,
-        else the full union decides.
+    def score(self, entries: torch.Tensor, weights: Sequence[float] | None = None) -> torch.Tensor:
+        """sum_i w_i p_i(entry) for the given entries only."""
+        weights = self.weights if weights is None else weights
+        total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
+        for member in self.dense:
+            if weights[member]:
+                total += weights[member] * self.mass(member, entries)
+        return total
+
+    def greedy(self) -> tuple[int, bool]:
+        """The exact argmax of the full distribution, and whether the shortcut decided it.
+
+        Only each member's top-k whole tokens and all its partial texts are scored. Any entry
+        outside that set gets at most `sum_i w_i * min(m_i * p_i[k-th], mass of i outside its
+        top-k)` (m_i: the most ids of member i sharing one entry); if the best candidate beats
+        that bound it IS the argmax, else the full distribution decides.
         """
         bound = 0.0
         found = []
-        for member, member_probs in probs.items():
-            top = torch.topk(member_probs, min(SHORTCUT_TOP_K, member_probs.shape[0]))
-            found.append(self.union.maps[member].to_union[top.indices])
-            outside = max(0.0, 1.0 - float(top.values.sum()))
-            kth = float(top.values[-1]) * self.union.maps[member].ids_per_entry
+        for member, probs in self.dense.items():
+            top = torch.topk(probs, min(SHORTCUT_TOP_K, probs.shape[0]))
+            found.append(self.c.maps[member].to_union[top.indices])
+            if len(self.partial[member][0]):
+                found.append(self.partial[member][0].to(self.c.device))
+            dense_total = float(probs.sum())
+            outside = max(0.0, dense_total - float(top.values.sum()))
+            kth = float(top.values[-1]) * self.c.maps[member].ids_per_entry
             bound += self.weights[member] * min(kth, outside)
         entries = torch.unique(torch.cat(found))
-        entries = entries[entries < self.union.size]
-        scores = self.score(probs, entries)
+        entries = entries[entries != self.nowhere]
+        scores = self.score(entries)
         if float(scores.max()) > bound + _BOUND_SLACK:
-            return self.pick(Scored(entries, scores), self.preferred(probs)), True
-        full = self.full(probs)
-        return self.pick(Scored(torch.arange(self.union.size), full), self.preferred(probs)), False
+            return self.pick(Scored(entries, scores)), True
+        return self.pick(Scored(torch.arange(self.size, device=self.c.device), self.full())), False
 
-    def unite(self, probs: Mapping[int, torch.Tensor], top_k: int, first_token: FirstToken) -> Scored:
-        """UniTE: each member's distribution restricted to the union of all top-k, renormalised,
-        then averaged with the weights. A candidate a member lacks is scored through the
-        member's first sub-token of that text."""
-        entries = self.candidates(probs, top_k)
-        total = torch.zeros(len(entries), dtype=torch.float32)
-        for member, member_probs in probs.items():
-            if not self.weights[member]:
+    def unite(self, top_k: int, first_token: FirstToken) -> Scored:
+        """UniTE: each member's distribution restricted to the union of all top-k candidates,
+        renormalised, then averaged with the weights. A candidate a member lacks is scored
+        through the member's first sub-token of that text."""
+        entries = self.candidates(top_k)
+        total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
+        for member, probs in self.dense.items():
+            weight = self.weights[member]
+            if not weight:
                 continue
-            mass = self.mass(member, member_probs, entries)
+            mass = self.mass(member, entries)
+            values = mass.tolist()
             for position, entry in enumerate(entries.tolist()):
-                if entry != EOS_INDEX and not self.union.maps[member].has(entry):
-                    token = self._first_token(member, entry, first_token)
-                    mass[position] = member_probs[token] if token is not None else 0.0
+                if entry != EOS_INDEX and values[position] == 0.0 and not self._has(member, entry):
+                    token = first_token(member, self.text(entry))
+                    values[position] = float(probs[token]) if token is not None else 0.0
+            mass = torch.tensor(values, dtype=torch.float32, device=self.c.device)
             norm = float(mass.sum())
             if norm > 0:
-                total += self.weights[member] * mass / norm
+                total += weight * mass / norm
         return Scored(entries, total)
 
-    def _first_token(self, member: int, entry: int, first_token: FirstToken) -> int | None:
-        cache = self._first_tokens[member]
-        text = self.union.entries[entry]
-        if text not in cache:
-            cache[text] = first_token(member, text)
-        return cache[text]
+    def _has(self, member: int, entry: int) -> bool:
+        return (entry < self.union.size and self.c.maps[member].has(entry)) or entry in self._partial_set(member)
 
     def sharpen_heuristic(self, scored: Scored, drafter: int, threshold: float) -> Scored:
-        """SAFE's sharpening: each entry above `threshold` that the drafter has as a token gains
-        the mass of every scored entry whose text extends it (they spell the same word); the
-        choice is then among those entries. Unchanged when there are none. Entries that end
+        """SAFE's sharpening: each entry above `threshold` that the drafter has as a candidate
+        gains the mass of every scored entry whose text extends it (they spell the same word);
+        the choice is then among those entries. Unchanged when there are none. Entries that end
         inside a UTF-8 character do not gain: byte-level vocabularies have a token for every
-        lead byte, which would otherwise collect the mass of all characters it begins (e.g.
-        all of CJK) and commit half a character."""
-        whole_union = len(scored.entries) == self.union.size
+        lead byte, which would otherwise collect the mass of all characters it begins (e.g. all
+        of CJK) and commit half a character."""
+        whole = len(scored.entries) == self.size
         boosted: list[tuple[int, torch.Tensor]] = []
         for position in torch.nonzero(scored.probs > threshold).flatten().tolist():
             entry = int(scored.entries[position])
-            if entry == EOS_INDEX or not self.union.maps[drafter].has(entry):
+            if entry == EOS_INDEX or not self._has(drafter, entry):
                 continue
-            if incomplete_utf8_suffix(self.union.entries[entry]):
+            prefix = self.text(entry)
+            if incomplete_utf8_suffix(prefix):
                 continue  # a lone lead byte would collect every character it starts, and split one
-            if whole_union:  # sorted entries: the extensions are one contiguous range
-                lo, hi = self.union.extension_range(entry)
-                boosted.append((entry, scored.probs[lo:hi].sum()))
+            if whole:  # sorted union entries: the extensions are one range, plus this step's own entries
+                lo, hi = self.union.prefix_range(prefix)
+                extra = [
+                    self.union.size + 1 + e for e, text in enumerate(self._dynamic_texts) if text.startswith(prefix)
+                ]
+                gained = scored.probs[lo:hi].sum() + sum(scored.probs[e] for e in extra)
+                boosted.append((entry, torch.as_tensor(gained)))
                 continue
-            prefix = self.union.entries[entry]
-            extends = [self.union.entries[e].startswith(prefix) for e in scored.entries.tolist()]
-            boosted.append((entry, scored.probs[torch.tensor(extends)].sum()))
+            extends = [e != self.nowhere and self.text(e).startswith(prefix) for e in scored.entries.tolist()]
+            mask = torch.tensor(extends, device=scored.probs.device)
+            boosted.append((entry, scored.probs[mask].sum()))
         if not boosted:
             return scored
-        return Scored(torch.tensor([e for e, _ in boosted]), torch.stack([p for _, p in boosted]))
+        return Scored(
+            torch.tensor([e for e, _ in boosted], device=self.c.device),
+            torch.stack([p.to(self.c.device) for _, p in boosted]),
+        )
 
-    def sharpen_geometric(self, probs: Mapping[int, torch.Tensor], top_k: int) -> Scored:
+    def sharpen_geometric(self, top_k: int) -> Scored:
         """The geometric-mean variant: prod_i p_i^w_i over the top-k candidates, renormalised."""
-        entries = self.candidates(probs, top_k)
-        log_total = torch.zeros(len(entries), dtype=torch.float32)
-        for member, member_probs in probs.items():
+        entries = self.candidates(top_k)
+        log_total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
+        for member in self.dense:
             if self.weights[member]:
-                log_total += self.weights[member] * torch.log(self.mass(member, member_probs, entries).clamp(min=1e-30))
+                log_total += self.weights[member] * torch.log(self.mass(member, entries).clamp(min=1e-30))
         return Scored(entries, torch.softmax(log_total, dim=0))
 
-    # -------------------------------------------------------------- choosing
+    # ------------------------------------------------------------------ choosing
 
-    def preferred(self, probs: Mapping[int, torch.Tensor]) -> int:
-        """The tie-break entry: the argmax entry of the heaviest member (first among equals)."""
-        heaviest = max(probs, key=lambda m: (self.weights[m], -m))
-        return self.top_entry(heaviest, probs[heaviest])[1]
+    def preferred(self) -> int:
+        """The tie-break entry: the own choice of the heaviest member (first among equals)."""
+        heaviest = max(self.dense, key=lambda m: (self.weights[m], -m))
+        return self.own(heaviest).entry
 
-    @staticmethod
-    def pick(scored: Scored, preferred: int) -> int:
+    def pick(self, scored: Scored) -> int:
         """The best entry, ties resolved by the module's tie rule."""
         best = scored.probs.max()
         tied = scored.entries[scored.probs == best]
         if len(tied) == 1:
             return int(tied[0])
+        preferred = self.preferred()
         return preferred if bool((tied == preferred).any()) else int(tied.min())
 
-    def choose(
-        self, scored: Scored, settings: GenerationSettings, generator: torch.Generator | None, preferred: int
-    ) -> int:
+    def choose(self, scored: Scored, settings: GenerationSettings, generator: torch.Generator | None) -> int:
         """argmax (greedy) or a seeded sample after top-p, over a scored set of entries."""
         if settings.greedy or generator is None:
-            return self.pick(scored, preferred)
-        probs = scored.probs / scored.probs.sum()
-        return int(scored.entries[sample(top_p_filter(probs, settings.top_p), generator)])
+            return self.pick(scored)
+        probs = top_p_filter(scored.probs, settings.top_p)
+        return int(scored.entries[sample(probs, generator)])
+
+    def full_scored(self) -> Scored:
+        return Scored(torch.arange(self.size, device=self.c.device), self.full())

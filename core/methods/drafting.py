@@ -1,14 +1,15 @@
 """Shared machinery of the span- and segment-level methods (SweetSpan, SpecFuse/SpecEM).
 
-A round: every drafting member writes a candidate continuation from the shared prefix with
-its own KV cache (greedy or seeded sampling), ended at a whole-word boundary that is also
-one of its own token boundaries, or at a token cap, an end-of-sequence token or a stop
-string; then every member scores ALL candidates of all rows in ONE forward over its cached
-prefix (`KVBatch.score_many`, drafts masked out); the method picks a winner; the winner's
-text is committed. Its proposer keeps its own ids and their cache; everyone else re-encodes.
+A round: every drafting member writes a candidate continuation from the shared prefix with its
+own cache (greedy or seeded sampling), ended at a whole-word boundary that is also one of its
+own token boundaries, or at a token cap, an end-of-sequence token or a stop string; then every
+member scores ALL candidates of all requests in ONE forward (`MemberSession.score`); the method
+picks a winner; the winner's text is committed. Each member keeps what it wrote as far as the
+committed text confirms it (the winner's proposer keeps all its tokens); the others come in
+step with the text.
 
-Cutting spans at the drafter's own token boundaries (not inside a token like ".\\n") keeps
-a member that always wins exactly on its own greedy path.
+Cutting spans at the drafter's own token boundaries (not inside a token like ".\\n") keeps a
+member that always wins exactly on its own greedy path.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
-from ensemble_core.members.base import Member
-from ensemble_core.members.kv_batch import ScoreRequest
-from ensemble_core.members.text_sync import MemberSession
-from ensemble_core.methods.base import Commit, DecodeState, MethodRun, in_step_members
-from ensemble_core.sampling import choose_token
+from ensemble_core.members.contract import Candidate, MemberVocab, RequestId, ScoreKind
+from ensemble_core.methods.base import Binding, Commit, DecodeState, MethodRun, check_positive_int
+from ensemble_core.methods.choice import Choice, own_choice
+from ensemble_core.results import MethodStats
 
 _SPACE = frozenset(b" \t\n\r")
 UNITS = ("words", "tokens")
@@ -32,236 +33,276 @@ UNITS = ("words", "tokens")
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """How long a candidate is: `length` words (or tokens), and never more than `cap` tokens."""
+    """How long a candidate is: `length` words (or tokens), and never more than `cap` tokens.
+
+    `length_name` and `cap_name` are the user-facing parameter names errors refer to.
+    """
 
     unit: str
     length: int
     cap: int
+    length_name: str = "length"
+    cap_name: str = "cap"
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
             raise ConfigError(f"`unit` has to be one of {list(UNITS)}, but is {self.unit!r}.")
-        if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
-            raise ConfigError(f"The span/segment length has to be a positive integer, but is {self.length!r}.")
-        if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
-            raise ConfigError(f"The token cap has to be a positive integer, but is {self.cap!r}.")
+        check_positive_int(self.length, self.length_name)
+        check_positive_int(self.cap, self.cap_name)
 
 
 @dataclass
-class Candidate:
-    """One distinct candidate text of a row.
+class SpanCandidate:
+    """One distinct candidate text of a request.
 
     Attributes:
         data: the bytes it appends.
         eos: it ends the sequence after `data`.
-        proposers: member index -> its own ids spelling `data` (several members may draft
-            the same text; each keeps its ids if it wins).
+        proposers: members that drafted exactly it (several may), and how many tokens each used.
     """
 
     data: bytes
     eos: bool
-    proposers: dict[int, list[int]] = field(default_factory=dict)
+    proposers: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.data, self.eos)
 
 
 @dataclass
 class _Drafting:
-    ids: list[int] = field(default_factory=list)
-    text: bytes = b""
-    word_ends: list[int] = field(default_factory=list)  # token counts after which a word ended
+    pieces: list[bytes] = field(default_factory=list)
+    word_ends: list[int] = field(default_factory=list)  # piece counts after which a word ended
     eos: bool = False
     done: bool = False
 
+    @property
+    def text(self) -> bytes:
+        return b"".join(self.pieces)
 
-def _starts_word(token_bytes: bytes, text_so_far: bytes) -> bool:
-    """A token that begins with whitespace after some non-space text starts a new word."""
-    return bool(token_bytes) and token_bytes[0] in _SPACE and any(b not in _SPACE for b in text_so_far)
+
+def _starts_word(piece: bytes, text_so_far: bytes) -> bool:
+    """A piece that begins with whitespace after some non-space text starts a new word."""
+    return bool(piece) and piece[0] in _SPACE and any(b not in _SPACE for b in text_so_far)
 
 
 def draft_round(
-    state: DecodeState, rows_by_drafter: dict[int, list[int]], spec: DraftSpec, committed_tails: list[bytes]
-) -> dict[int, dict[int, _Drafting]]:
-    """Every drafter writes one candidate for each of its rows, its rows in lockstep.
+    state: DecodeState, rows_by_drafter: dict[int, list[RequestId]], spec: DraftSpec
+) -> dict[int, dict[RequestId, _Drafting]]:
+    """Every drafter writes one candidate for each of its requests, its requests in lockstep.
 
-    Returns: drafter -> row -> its draft (ids, text, whether it ended with EOS).
+    Returns: drafter -> request -> its draft.
     """
-    out: dict[int, dict[int, _Drafting]] = {}
+    out: dict[int, dict[RequestId, _Drafting]] = {}
     stops = [s.encode() for s in state.settings.stop]
+    longest = max((len(s) for s in stops), default=0)
     for member_index, rows in rows_by_drafter.items():
-        member = state.members[member_index]
+        vocab = state.members[member_index]
         session = state.sessions[member_index]
         drafts = {row: _Drafting() for row in rows}
         budget = {row: min(spec.cap, state.remaining[row]) for row in rows}
+        tails = {row: state.tail(row, longest) for row in rows}
         while live := [r for r in rows if not drafts[r].done]:
-            logits = session.next_logits(live)
-            for k, row in enumerate(live):
-                token = choose_token(logits[k], state.settings, state.generators[row])
-                if _extend(drafts[row], token, member, spec, budget[row], stops, committed_tails[row]):
-                    session.speculate(row, [token])
+            found = state.next_of(member_index, live)
+            for row in live:
+                distribution = found[row]
+                if distribution is None:
+                    drafts[row].done = True
+                    continue
+                choice = own_choice(vocab, distribution, state.settings, state.generators.get(row))
+                if _extend(drafts[row], choice, spec, budget[row], stops, tails[row]):
+                    session.write(row, distribution, choice.pick)
         for draft in drafts.values():
-            _trim_to_word(draft, spec, member)
+            _trim_to_word(draft, spec)
         out[member_index] = drafts
     return out
 
 
-def _extend(draft: _Drafting, token: int, member: Member, spec: DraftSpec, budget: int, stops, tail: bytes) -> bool:
-    """Add a drafted token; False when it ends the draft without being part of it."""
-    if token in member.eos_token_ids:
-        draft.eos = draft.done = True
-        return False
-    spelled = member.table.spell([token])
-    if spec.unit == "words" and _starts_word(spelled, draft.text):
-        draft.word_ends.append(len(draft.ids))
-        if len(draft.word_ends) >= spec.length:
-            draft.done = True  # the token that starts the next word is not part of this span
-            return False
-    draft.ids.append(token)
-    draft.text += spelled
-    if spec.unit == "tokens" and len(draft.ids) >= spec.length:
+def _extend(draft: _Drafting, choice: Choice, spec: DraftSpec, budget: int, stops: list[bytes], tail: bytes) -> bool:
+    """Add a drafted piece; False when it ends the draft without being part of it."""
+    if choice.eos or choice.control:  # the end, or a control token (no text): the draft ends here
+        draft.eos = choice.eos
         draft.done = True
-    if len(draft.ids) >= budget or any(stop in tail + draft.text for stop in stops):
+        return False
+    piece = choice.text
+    if spec.unit == "words" and _starts_word(piece, draft.text):
+        draft.word_ends.append(len(draft.pieces))
+        if len(draft.word_ends) >= spec.length:
+            draft.done = True  # the piece that starts the next word is not part of this span
+            return False
+    draft.pieces.append(piece)
+    if spec.unit == "tokens" and len(draft.pieces) >= spec.length:
+        draft.done = True
+    if len(draft.pieces) >= budget or any(stop in tail + draft.text for stop in stops):
         draft.done = True
     return True
 
 
-def _trim_to_word(draft: _Drafting, spec: DraftSpec, member: Member) -> None:
+def _trim_to_word(draft: _Drafting, spec: DraftSpec) -> None:
     """A words-unit draft cut by the token cap ends at its last whole word (if it has one)."""
     if spec.unit != "words" or draft.eos or len(draft.word_ends) >= spec.length or not draft.word_ends:
         return
-    if len(draft.ids) >= spec.cap:
-        keep = draft.word_ends[-1]
-        draft.ids = draft.ids[:keep]
-        draft.text = member.table.spell(draft.ids)
+    if len(draft.pieces) >= spec.cap:
+        draft.pieces = draft.pieces[: draft.word_ends[-1]]
 
 
-def collect_candidates(drafts: dict[int, dict[int, _Drafting]], rows: Sequence[int]) -> dict[int, list[Candidate]]:
-    """Per row, the distinct candidates (identical texts from several members merged)."""
-    per_row: dict[int, list[Candidate]] = {}
+def collect_candidates(
+    drafts: dict[int, dict[RequestId, _Drafting]], rows: Sequence[RequestId]
+) -> dict[RequestId, list[SpanCandidate]]:
+    """Per request, the distinct candidates (identical texts from several members merged)."""
+    per_row: dict[RequestId, list[SpanCandidate]] = {}
     for row in rows:
-        found: dict[tuple[bytes, bool], Candidate] = {}
+        found: dict[tuple[bytes, bool], SpanCandidate] = {}
         for member_index, member_drafts in drafts.items():
             draft = member_drafts.get(row)
-            if draft is None or (not draft.ids and not draft.eos):
+            if draft is None or (not draft.pieces and not draft.eos):
                 continue
             key = (draft.text, draft.eos)
-            candidate = found.setdefault(key, Candidate(draft.text, draft.eos))
-            candidate.proposers[member_index] = list(draft.ids)
+            candidate = found.setdefault(key, SpanCandidate(draft.text, draft.eos))
+            candidate.proposers[member_index] = len(draft.pieces)
         per_row[row] = list(found.values())
     return per_row
 
 
 def score_candidates(
-    state: DecodeState, scorers: Sequence[int], candidates: dict[int, list[Candidate]], kind: str = "logprob"
-) -> dict[int, dict[int, list[float]]]:
+    state: DecodeState,
+    scorers: Sequence[int],
+    candidates: dict[RequestId, list[SpanCandidate]],
+    kind: ScoreKind = ScoreKind.LOGPROB,
+) -> dict[int, dict[RequestId, list[float]]]:
     """Mean per-token score of every candidate under every scorer, ONE forward per scorer.
 
-    Each scorer reads a candidate in its own tokens (its own ids where it proposed it), an
-    end-of-sequence candidate ending with its own end id. `kind` "logprob": mean log-prob;
-    "logit": mean raw logit of the candidate's tokens.
-
-    Returns: scorer -> row -> one score per candidate (in candidate order).
+    Returns: scorer -> request -> one score per candidate (in candidate order).
     """
-    scores: dict[int, dict[int, list[float]]] = {}
+    scores: dict[int, dict[RequestId, list[float]]] = {}
     rows = [row for row, found in candidates.items() if found]
     for scorer in scorers:
-        session = state.sessions[scorer]
-        member = state.members[scorer]
-        if any(session.batch.cached_length(r) < session.synced_length(r) - 1 for r in rows):
-            session.batch.forward_pending()  # a member that did not draft catches up first
-        requests = [
-            ScoreRequest(row, session.synced_length(row), [_ids_for(c, scorer, member, session, row) for c in found])
-            for row, found in candidates.items()
-            if found
-        ]
-        results = session.batch.score_many(requests, kind=kind)
-        scores[scorer] = {
-            request.row: [float(values.mean()) for values in result]
-            for request, result in zip(requests, results, strict=True)
-        }
+        found = state.sessions[scorer].score(rows, [[c.candidate for c in candidates[r]] for r in rows], kind)
+        scores[scorer] = {row: [s.mean for s in per_row] for row, per_row in zip(rows, found, strict=True)}
     return scores
 
 
-def _ids_for(candidate: Candidate, scorer: int, member: Member, session: MemberSession, row: int) -> list[int]:
-    if scorer in candidate.proposers:
-        ids = list(candidate.proposers[scorer])
-    else:
-        ids = session.encoder.encode(session.held(row) + candidate.data) if candidate.data else []
-    if candidate.eos:
-        ids.append(_end_id(member))
-    return ids
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round of one request: who won, who drafted, how many distinct candidates."""
+
+    winner: tuple[str, ...]
+    drafters: tuple[str, ...]
+    candidates: int
+    weights: dict[str, float] | None = None
 
 
-def _end_id(member: Member) -> int:
-    preferred = getattr(member.tokenizer, "eos_token_id", None)
-    return preferred if preferred in member.eos_token_ids else min(member.eos_token_ids)
+@dataclass
+class SegmentStats(MethodStats):
+    """SweetSpan's and SpecFuse's figures for one prompt.
+
+    Attributes:
+        rounds: draft-score-select rounds.
+        per_round: per round, a `RoundRecord` (winner(s), drafters, distinct candidates, and
+            SpecFuse's weights).
+        exited: members that stopped drafting (SpecFuse's model exit).
+    """
+
+    rounds: int = 0
+    per_round: list[RoundRecord] = field(default_factory=list)
+    exited: list[str] = field(default_factory=list)
+
+    @property
+    def share_ensembled(self) -> float | None:
+        return 1.0 if self.rounds else 0.0
+
+    def winners(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for record in self.per_round:
+            for name in record.winner:
+                counts[name] = counts.get(name, 0) + 1
+        return counts
 
 
 class SegmentRun(MethodRun):
     """A draft -> score -> select -> commit round; subclasses choose drafters and the winner."""
 
-    def __init__(self, members: Sequence[Member], settings: GenerationSettings, spec: DraftSpec, kind: str = "logprob"):
-        self.members = members
+    def __init__(self, binding: Binding, settings: GenerationSettings, spec: DraftSpec, kind: ScoreKind):
+        self.binding = binding
+        self.members: Sequence[MemberVocab] = binding.members
         self.settings = settings
         self.spec = spec
         self.kind = kind
-        self.rounds: list[dict[str, Any]] = []
-        self.round_count = 0
+        self.counts: dict[RequestId, SegmentStats] = {}
 
-    def step(self, state: DecodeState) -> list[Commit]:
-        self.round_count += 1
-        rows = list(range(state.rows))
+    def _stats(self, request: RequestId) -> SegmentStats:
+        return self.counts.setdefault(request, SegmentStats())
+
+    def stats(self, request: RequestId) -> MethodStats:
+        return self._stats(request)
+
+    def drop(self, requests: Sequence[RequestId]) -> None:
+        for request in requests:
+            self.counts.pop(request, None)
+            self.forget(request)
+
+    def forget(self, request: RequestId) -> None:
+        """Drop a subclass's per-request state."""
+
+    def step(self, state: DecodeState) -> dict[RequestId, Commit]:
+        rows = list(state.requests)
         drafters_by_row = {row: self.drafters(state, row) for row in rows}
-        rows_by_drafter: dict[int, list[int]] = {}
+        rows_by_drafter: dict[int, list[RequestId]] = {}
         for row in rows:
             for member_index in drafters_by_row[row]:
                 rows_by_drafter.setdefault(member_index, []).append(row)
-        tails = [self._committed_tail(state, row) for row in rows]
-        drafts = draft_round(state, dict(sorted(rows_by_drafter.items())), self.spec, tails)
+        drafts = draft_round(state, dict(sorted(rows_by_drafter.items())), self.spec)
         candidates = collect_candidates(drafts, rows)
         scores = score_candidates(state, self.scorers(state), candidates, self.kind)
-        commits = []
+        commits = {}
         for row in rows:
             found = candidates[row]
+            if not found:  # no drafter could continue: the request ends here
+                commits[row] = Commit(eos=True)
+                continue
             row_scores = {scorer: scores[scorer][row] for scorer in scores}
             winner = self.select(state, row, found, row_scores) if len(found) > 1 else 0
             self.record(state, row, found, winner, drafters_by_row[row], row_scores)
             chosen = found[winner]
-            tokens = max(len(ids) for ids in chosen.proposers.values()) + chosen.eos
-            commits.append(Commit(text=chosen.data, eos=chosen.eos, tokens=max(tokens, 1), proposals=chosen.proposers))
+            tokens = max(chosen.proposers.values()) + chosen.eos
+            commits[row] = Commit(text=chosen.data, eos=chosen.eos, tokens=max(tokens, 1))
         return commits
 
-    def _committed_tail(self, state: DecodeState, row: int) -> bytes:
-        """Enough committed text for a stop string to begin in it and end in a draft."""
-        longest = max((len(stop.encode()) for stop in state.settings.stop), default=0)
-        return next(iter(state.sessions.values())).committed_tail(row, longest)
-
-    def drafters(self, state: DecodeState, row: int) -> list[int]:
-        """Members that draft for this row this round (default: all that have the whole text)."""
-        return in_step_members(state, row, list(state.sessions))
+    def drafters(self, state: DecodeState, row: RequestId) -> list[int]:
+        """Members that draft for this request this round (default: all that can)."""
+        ready = [m for m in state.sessions if not state.sessions[m].lagging(row)]
+        return ready or list(state.sessions)[:1]
 
     def scorers(self, state: DecodeState) -> list[int]:
         return list(state.sessions)
 
     @abstractmethod
-    def select(self, state: DecodeState, row: int, candidates: list[Candidate], scores: dict[int, list[float]]) -> int:
+    def select(
+        self, state: DecodeState, row: RequestId, candidates: list[SpanCandidate], scores: dict[int, list[float]]
+    ) -> int:
         """Index of the winning candidate (only called with two or more)."""
 
     def record(
         self,
         state: DecodeState,
-        row: int,
-        candidates: list[Candidate],
+        row: RequestId,
+        candidates: list[SpanCandidate],
         winner: int,
         drafters: list[int],
         scores: dict[int, list[float]],
     ) -> None:
-        self.rounds.append(
-            {
-                "row": row,
-                "winner": [state.members[m].name for m in candidates[winner].proposers],
-                "drafters": [state.members[m].name for m in drafters],
-                "candidates": len(candidates),
-            }
+        stats = self._stats(row)
+        stats.rounds += 1
+        stats.per_round.append(
+            RoundRecord(
+                winner=tuple(self.members[m].name for m in candidates[winner].proposers),
+                drafters=tuple(self.members[m].name for m in drafters),
+                candidates=len(candidates),
+            )
         )
 
-    def stats(self) -> dict[str, Any]:
-        return {"rounds": self.round_count, "per_round": list(self.rounds)}
+
+def normalise_scores(values: list[float]) -> torch.Tensor:
+    """A float64 tensor of scores (helper for the selection rules)."""
+    return torch.tensor(values, dtype=torch.float64)

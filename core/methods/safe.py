@@ -1,427 +1,502 @@
 """SAFE: ensemble only where it matters (ALGORITHMS.md section 3).
 
-Each round the drafter drafts up to `draft_len` tokens with its own cache. Every verifier
-reads the drafted text in its own tokens (appended speculatively after its committed ids)
-and scores every drafted position in ONE forward. Walking the draft in order:
+Each round the drafter drafts up to `draft_len` pieces with its own cache (each piece is its own
+choice: a token, or at a round's start a continuation that re-covers committed bytes). Every
+verifier reads the drafted text (`MemberSession.read`) and gives its distribution at every piece
+boundary, all in ONE forward. Walking the draft in order:
 
-* a position whose start is not a token boundary for some verifier is "OOV-like": it cannot
-  be ensembled and the drafted token stands;
-* greedy: the position is skipped when every verifier's own top token agrees with the draft,
-  or when sum_i w_i p_i(draft token) > 1/2; either way the draft token IS the ensemble's
-  argmax (the paper's argument), so skipping loses nothing;
-* otherwise the ensemble distribution (GaC or UniTE over the union, sharpened when its top
-  probability is below 1/2) decides. If it picks the drafted token the walk goes on (the rest
-  of the draft is still a valid continuation: a small improvement over stopping); else its
-  pick is committed after the accepted prefix and the round ends;
-* sampling (temperature > 0): the skip tests are greedy arguments, so instead each position
-  is accepted with probability min(1, p_ens(t) / p_draft(t)), and a rejection samples from
-  the residual max(0, p_ens - p_draft) (speculative sampling: the output follows p_ens).
+* a boundary where a verifier has no distribution (without boundary correction: it falls inside
+  one of its tokens) is "OOV-like": the drafted piece stands;
+* greedy: the position is skipped when every verifier's own choice is the drafted piece, or
+  when sum_i w_i p_i(piece) > 1/2; either way the piece IS the ensemble's argmax (the paper's
+  argument), so skipping loses nothing;
+* otherwise the ensemble distribution (GaC or UniTE, sharpened when its top probability is
+  below 1/2) decides; its pick is committed after the accepted prefix and the round ends (when
+  it picks the drafted piece, the walk goes on);
+* sampling (temperature > 0): the skip tests are greedy arguments, so instead each position is
+  accepted with probability min(1, p_ens(t) / p_draft(t)), where p_draft is the top-p'd
+  distribution the drafter drew from, and a rejection samples from the residual
+  max(0, p_ens - p_draft) (speculative sampling: the output follows the top-p'd p_ens).
 
-Rollback costs nothing extra: the drafter keeps its cache for the accepted prefix, and the
-verifiers' speculative ids that match the committed text are kept with theirs.
+Which members write: the drafter keeps its drafted tokens that are committed. A verifier writes
+a committed piece (keeps its own tokens) while it has agreed with every committed piece so far
+(its own choice was that piece), so one model twice is that model alone; from its first
+disagreement on it reads the rest of the reply as text it did not write (canonical tokens, and
+the boundary-correct distribution at the end). Verifiers read each drafted piece as their own
+where they still write (`read`'s `written`); when a verifier disagrees with a piece the walk goes
+past (a position skipped by mass, or an ensemble that kept the draft), it re-reads the rest of
+the draft as text it did not write (`SAFE.rereads`). The rule depends on positions only, never
+on rounds, so every decision is made on exactly the state the verifier would have if each
+position started a round: where a round ends (`draft_len`, `confident_drafts`) changes no text.
+(A rule that lets a verifier write again after a disagreement, as GaC's members do, would make
+a verifier's state at a round's start differ from its state at the same text inside a draft.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
-from ensemble_core.members.base import Member
-from ensemble_core.members.text_sync import MemberSession
-from ensemble_core.methods.base import Commit, DecodeState, EnsembleMethod, MethodRun, member_index, register
-from ensemble_core.methods.combine import Combiner, Scored, first_tokens_of
-from ensemble_core.methods.token import union_for
-from ensemble_core.sampling import sample, top_p_filter
-from ensemble_core.union import EOS_INDEX
-
-# per verifier, per row: byte offset after the committed text -> index of the verifier's token
-# whose next-token logits are its distribution at that offset
-Boundaries = dict[int, list[dict[int, int]]]
+from ensemble_core.members.contract import Continuations, DraftReading, MemberVocab, RequestId
+from ensemble_core.methods.base import (
+    Binding,
+    Commit,
+    DecodeState,
+    Method,
+    MethodRun,
+    bind_all,
+    check_fraction,
+    check_positive_int,
+    check_weights,
+    register,
+    require_some,
+    role_index,
+)
+from ensemble_core.methods.choice import Choice, own_choice, pick_prob
+from ensemble_core.methods.combine import Combiner, Scored, Step
+from ensemble_core.methods.token import bound_union, first_token_of
+from ensemble_core.methods.weighting import RequestWeights, named_weights
+from ensemble_core.results import MethodStats
+from ensemble_core.sampling import sample, top_p_filter, uniform
+from ensemble_core.vocab.union import EOS_INDEX
 
 _BASES = ("gac", "unite")
 _SHARPEN = ("heuristic", "geometric", None)
 
 
 @register("safe")
-class SAFE(EnsembleMethod):
+@dataclass(frozen=True)
+class SAFE(Method):
     """Selective ensembling: a drafter writes, the others verify, the ensemble decides only
     where the members disagree.
 
     Args:
         drafter: the drafting member (name or unique prefix); default the first member.
-        draft_len: tokens drafted per round (the paper's n = 5).
+        draft_len: pieces drafted per round (the paper's n = 5).
         base: the ensemble at a decided position: "gac" (full union) or "unite" (top-k union).
         sharpen: when the ensemble's top probability is below 1/2: "heuristic" (an entry the
             drafter has, above `sharpen_lambda`, gains the mass of every entry extending its
             text), "geometric" (weighted geometric mean over the top-k), or None.
         sharpen_lambda: the heuristic's threshold (the paper's 0.1), in (0, 1).
-        weights: one per member (normalised); default equal.
+        weights: one per member (normalised); default equal; or "auto" / "prompt" / "agreement"
+            (per-request weights that need no tuning, see `methods.weighting`).
         top_k: UniTE's k (base "unite" and the geometric variant).
         skip_tests: False turns both greedy skip tests off, so every position that is not
             OOV-like is decided by the ensemble (what GaC would pick there).
-        record: keep a per-position trace in `stats["decisions"]` (for analysis and tests).
-        confident_drafts: end a draft early after a token the drafter itself gives less than
+        record: keep a per-position trace in the stats (`decisions`; for analysis and tests).
+        confident_drafts: end a draft early after a piece the drafter itself gives less than
             this probability: that position will most likely be ensembled and replaced, so
-            drafting past it is wasted work. It changes no decision (each position is judged on
-            its own prefix), only the work. None drafts `draft_len` tokens always, as the paper.
+            drafting past it is wasted work. Every decision depends only on the text before its
+            position, so this changes no text (tested), only the work. None drafts `draft_len`
+            pieces always, as the paper does.
     """
 
-    def __init__(
-        self,
-        drafter: str | None = None,
-        draft_len: int = 5,
-        base: str = "gac",
-        sharpen: str | None = "heuristic",
-        sharpen_lambda: float = 0.1,
-        weights: Sequence[float] | None = None,
-        top_k: int = 10,
-        skip_tests: bool = True,
-        record: bool = False,
-        confident_drafts: float | None = 0.5,
-    ):
-        if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
-            raise ConfigError(f"`draft_len` has to be a positive integer, but is {draft_len!r}.")
-        if base not in _BASES:
-            raise ConfigError(f"`base` has to be one of {list(_BASES)}, but is {base!r}.")
-        if sharpen not in _SHARPEN:
-            raise ConfigError(f"`sharpen` has to be one of {list(_SHARPEN)}, but is {sharpen!r}.")
-        if not 0.0 < float(sharpen_lambda) < 1.0:
-            raise ConfigError(f"`sharpen_lambda` has to be in (0, 1), but is {sharpen_lambda}.")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise ConfigError(f"`top_k` has to be a positive integer, but is {top_k!r}.")
-        if confident_drafts is not None and not 0.0 < float(confident_drafts) <= 1.0:
-            raise ConfigError(f"`confident_drafts` has to be in (0, 1] or None, but is {confident_drafts}.")
-        self.confident_drafts = confident_drafts
-        self.drafter = drafter
-        self.draft_len = draft_len
-        self.base = base
-        self.sharpen = sharpen
-        self.sharpen_lambda = float(sharpen_lambda)
-        super().__init__(weights)
-        self.top_k = top_k
-        self.skip_tests = skip_tests
-        self.record = record
-        self._drafter_index = 0
+    drafter: str | None = None
+    draft_len: int = 5
+    base: str = "gac"
+    sharpen: str | None = "heuristic"
+    sharpen_lambda: float = 0.1
+    weights: tuple[float, ...] | None = None
+    top_k: int = 10
+    skip_tests: bool = True
+    record: bool = False
+    confident_drafts: float | None = 0.5
 
-    def bind(self, members: Sequence[Member]) -> None:
+    def __post_init__(self) -> None:
+        check_positive_int(self.draft_len, "draft_len")
+        if self.base not in _BASES:
+            raise ConfigError(f"`base` has to be one of {list(_BASES)}, but is {self.base!r}.")
+        if self.sharpen not in _SHARPEN:
+            raise ConfigError(f"`sharpen` has to be one of {list(_SHARPEN)}, but is {self.sharpen!r}.")
+        value = check_fraction(self.sharpen_lambda, "sharpen_lambda", 0.0, 1.0, low_open=True, high_open=True)
+        object.__setattr__(self, "sharpen_lambda", value)
+        check_positive_int(self.top_k, "top_k")
+        object.__setattr__(self, "weights", check_weights(self.weights))
+        if self.confident_drafts is not None:
+            value = check_fraction(self.confident_drafts, "confident_drafts", 0.0, 1.0, low_open=True, high_open=False)
+            object.__setattr__(self, "confident_drafts", value)
+
+    def bind(self, members: Sequence[MemberVocab]) -> Binding:
         if len(members) < 2:
             raise ConfigError("SAFE needs at least two members: a drafter and a verifier.")
-        super().bind(members)
-        self._drafter_index = 0 if self.drafter is None else member_index(members, self.drafter, "drafter")
+        drafter = role_index(members, self.drafter, "drafter")
+        return bind_all(self, members, self.weights, reference=drafter, roles={"drafter": drafter})
 
-    def reference_member(self, members: Sequence[Member]) -> int:
-        return self._drafter_index
+    def start(self, binding: Binding, settings: GenerationSettings, device: torch.device) -> MethodRun:
+        combiner = Combiner(bound_union(binding), binding.members, binding.weights, device)
+        return _SafeRun(self, binding, combiner, settings, RequestWeights(binding.weights, binding.rule))
 
-    def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
-        return _SafeRun(self, members, Combiner(union_for(members), self.member_weights), settings)
 
-    def __repr__(self) -> str:
-        return (
-            f"SAFE(drafter={self.drafter!r}, draft_len={self.draft_len}, base={self.base!r}, "
-            f"sharpen={self.sharpen!r}, sharpen_lambda={self.sharpen_lambda}, "
-            f"confident_drafts={self.confident_drafts})"
-        )
+@dataclass(frozen=True)
+class SafeDecision:
+    """One walked position (kept with `record=True`)."""
+
+    round: int
+    position: int
+    draft: bytes
+    decision: str  # skipped_agree | skipped_mass | ensembled | oov_like | accepted | resampled
+    chosen: bytes
+
+
+@dataclass
+class SafeStats(MethodStats):
+    """SAFE's figures for one prompt.
+
+    Attributes:
+        rounds: draft-verify rounds.
+        drafted_tokens / committed_tokens: pieces drafted, and tokens committed.
+        ensembled_positions: positions decided by the ensemble distribution.
+        skipped_agree / skipped_mass: positions skipped because every verifier agreed, or
+            because the drafted piece holds over half the weighted mass.
+        oov_like: positions no verifier distribution was available for (the piece stood).
+        ensemble_kept_draft: decided positions where the ensemble chose the drafted piece.
+        rejected: sampling: drafted pieces the speculative test rejected.
+        rereads: verifier re-reads after a disagreement the walk went past.
+        weights: the member weights of the last decided position, by member name.
+        decisions: the per-position trace (with `record=True`).
+    """
+
+    rounds: int = 0
+    drafted_tokens: int = 0
+    committed_tokens: int = 0
+    ensembled_positions: int = 0
+    skipped_agree: int = 0
+    skipped_mass: int = 0
+    oov_like: int = 0
+    ensemble_kept_draft: int = 0
+    rejected: int = 0
+    rereads: int = 0
+    union_size: int = 0
+    weights: dict[str, float] = field(default_factory=dict)
+    decisions: list[SafeDecision] = field(default_factory=list)
+
+    @property
+    def share_ensembled(self) -> float | None:
+        return self.ensembled_positions / self.committed_tokens if self.committed_tokens else 0.0
 
 
 @dataclass
 class _Draft:
-    """One row's draft: drafter ids (an end-of-sequence id last, if drafted), their bytes,
-    and the drafter's (tempered) distribution at each position."""
+    """One request's draft: the drafter's choices, the distributions they came from."""
 
-    ids: list[int] = field(default_factory=list)
-    texts: list[bytes] = field(default_factory=list)
-    probs: list[torch.Tensor] = field(default_factory=list)
-    ended: bool = False  # an end-of-sequence token was drafted
-    done: bool = False  # no more drafting this round (ended, or the drafter grew unsure)
+    choices: list[Choice] = field(default_factory=list)
+    distributions: list[Continuations] = field(default_factory=list)
+    done: bool = False
 
-    def offset(self, position: int) -> int:
-        """Bytes of draft before `position` (relative to the committed text)."""
-        return sum(len(t) for t in self.texts[:position])
-
-
-@dataclass
-class _Counts:
-    rounds: int = 0
-    drafted: int = 0
-    committed: int = 0
-    oov_like: int = 0
-    skipped_agree: int = 0
-    skipped_mass: int = 0
-    ensembled: int = 0
-    ensemble_kept_draft: int = 0
-    rejected: int = 0
+    @property
+    def pieces(self) -> list[bytes]:
+        """The texts of the drafted pieces (the end, if drafted, is not a piece)."""
+        return [c.text for c in self.choices if not c.eos]
 
 
 class _SafeRun(MethodRun):
-    def __init__(self, method: SAFE, members: Sequence[Member], combiner: Combiner, settings: GenerationSettings):
+    def __init__(
+        self,
+        method: SAFE,
+        binding: Binding,
+        combiner: Combiner,
+        settings: GenerationSettings,
+        weights: RequestWeights,
+    ):
         self.method = method
-        self.members = members
+        self.binding = binding
         self.combiner = combiner
         self.settings = settings
-        self.drafter = method._drafter_index
-        self.verifiers = [m for m in range(len(members)) if m != self.drafter]
-        self.temperature = 1.0 if settings.greedy else settings.temperature
-        self.counts = _Counts()
-        self.decisions: list[dict[str, Any]] = []
-        self._sessions: dict[int, MemberSession] = {}
+        self.weights = weights
+        self.drafter = binding.roles["drafter"]
+        self.verifiers = [m for m in binding.participants if m != self.drafter]
+        self.counts: dict[RequestId, SafeStats] = {}
+        # per request: the verifiers that have agreed with every committed piece (they still write)
+        self.writers: dict[RequestId, dict[int, bool]] = {}
+
+    def _stats(self, request: RequestId) -> SafeStats:
+        if request not in self.counts:
+            self.counts[request] = SafeStats(union_size=self.combiner.union.size)
+        return self.counts[request]
+
+    def stats(self, request: RequestId) -> MethodStats:
+        return self._stats(request)
+
+    def drop(self, requests: Sequence[RequestId]) -> None:
+        for request in requests:
+            self.counts.pop(request, None)
+            self.writers.pop(request, None)
+        self.weights.drop(requests)
+
+    def writers_of(self, request: RequestId) -> dict[int, bool]:
+        return self.writers.setdefault(request, dict.fromkeys(self.verifiers, True))
 
     # ------------------------------------------------------------------ the round
 
-    def step(self, state: DecodeState) -> list[Commit]:
-        self._sessions = state.sessions
-        self.counts.rounds += 1
+    def step(self, state: DecodeState) -> dict[RequestId, Commit]:
+        for request in state.requests:
+            self._stats(request).rounds += 1
         drafts = self._draft(state)
-        boundaries = self._verify(state, drafts)
-        commits = [self._decide(state, row, drafts[row], boundaries) for row in range(state.rows)]
-        self.counts.committed += sum(c.tokens for c in commits)
+        # Position 0 is the committed text's end: every verifier's plain next-step distribution
+        # (free when it wrote the last committed text: its logits are there already).
+        firsts = {v: state.next_of(v, state.requests) for v in self.verifiers}
+        walks = {r: _Walk(self, state, r, drafts[r], firsts) for r in state.requests}
+        commits: dict[RequestId, Commit] = {}
+        for request, walk in walks.items():
+            outcome = walk.first()
+            if outcome is not None:
+                commits[request] = outcome
+        rest = [r for r in state.requests if r not in commits]
+        readings = self._read(state, {r: drafts[r].pieces for r in rest if walks[r].positions > 1}, walks)
+        for request in rest:
+            walk = walks[request]
+            walk.readings = {v: readings[v][request] for v in readings if request in readings[v]}
+            commits[request] = walk.rest()
+        for request, commit in commits.items():
+            self._stats(request).committed_tokens += commit.tokens
         return commits
 
-    def _draft(self, state: DecodeState) -> list[_Draft]:
+    def _draft(self, state: DecodeState) -> dict[RequestId, _Draft]:
         session = state.sessions[self.drafter]
-        member = self.members[self.drafter]
-        drafts = [_Draft() for _ in range(state.rows)]
-        # A drafter that cannot spell a split character holds it back; it cannot draft after
-        # text it does not have, so those rows take one plain ensemble step instead.
-        budget = [0 if session.held(r) else min(self.method.draft_len, left) for r, left in enumerate(state.remaining)]
+        vocab = state.members[self.drafter]
+        drafts = {r: _Draft() for r in state.requests}
+        budget = {r: min(self.method.draft_len, state.remaining[r]) for r in state.requests}
         while True:
-            rows = [r for r in range(state.rows) if not drafts[r].done and len(drafts[r].ids) < budget[r]]
+            rows = [r for r in state.requests if not drafts[r].done and len(drafts[r].choices) < budget[r]]
             if not rows:
                 return drafts
-            logits = session.next_logits(rows)
-            for k, row in enumerate(rows):
-                probs = self._member_probs(logits[k])
-                token = self._draw(probs, state.generators[row])
-                draft = drafts[row]
-                if token not in member.eos_token_ids and member.table.token_bytes[token] is None:
-                    draft.done = True  # a control token (`<|im_start|>`) has no text: the ensemble decides here
+            found = state.next_of(self.drafter, rows)
+            for request in rows:
+                draft = drafts[request]
+                distribution = found[request]
+                if distribution is None:  # it cannot spell the committed text: the ensemble decides
+                    draft.done = True
                     continue
-                draft.ids.append(token)
-                draft.probs.append(probs)
-                self.counts.drafted += 1
+                choice = own_choice(vocab, distribution, self.settings, state.generators.get(request))
+                if choice.control:  # a control token has no text: the ensemble decides here
+                    draft.distributions.append(distribution)
+                    draft.done = True
+                    continue
+                draft.choices.append(choice)
+                draft.distributions.append(distribution)
+                self._stats(request).drafted_tokens += 1
+                if choice.eos:
+                    draft.done = True
+                    continue
+                session.write(request, distribution, choice.pick)
                 confident = self.method.confident_drafts
-                if token in member.eos_token_ids:
-                    draft.texts.append(b"")
-                    draft.ended = draft.done = True
-                else:
-                    draft.texts.append(member.table.spell([token]))
-                    session.speculate(row, [token])
-                    draft.done = confident is not None and float(probs[token]) < confident
+                draft.done = confident is not None and choice.prob < confident
 
-    def _member_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        probs = self.combiner.member_probs(logits, self.temperature)
-        return probs if self.settings.greedy else top_p_filter(probs, self.settings.top_p)
-
-    def _draw(self, probs: torch.Tensor, generator: torch.Generator | None) -> int:
-        return int(torch.argmax(probs)) if generator is None else sample(probs, generator)
-
-    def _verify(self, state: DecodeState, drafts: list[_Draft]) -> Boundaries:
-        """Each verifier reads every row's draft in its own tokens, all scored in ONE forward.
-
-        Returns, per verifier, per row: {byte offset after the committed text: token index
-        whose next-token logits are the verifier's distribution at that offset}.
-        """
-        found: Boundaries = {}
+    def _read(
+        self, state: DecodeState, pieces: dict[RequestId, list[bytes]], walks: dict[RequestId, _Walk]
+    ) -> dict[int, dict[RequestId, DraftReading]]:
+        """Each verifier reads the drafts of the requests still walking, in ONE forward: as its own
+        pieces while it still writes (after position 0), else as text it did not write."""
+        if not pieces:
+            return {v: {} for v in self.verifiers}
+        readings: dict[int, dict[RequestId, DraftReading]] = {}
+        temperature = 1.0 if self.settings.greedy else self.settings.temperature
+        requests = list(pieces)
         for verifier in self.verifiers:
-            session = state.sessions[verifier]
-            per_row = []
-            for row, draft in enumerate(drafts):
-                synced = session.synced_length(row)
-                if session.batch.logits_after(row, synced - 1) is None:
-                    session.batch.truncate(row, synced)  # re-run the last token inside this same forward
-                held = session.held(row)
-                ids = session.encoder.encode(held + b"".join(draft.texts))
-                session.speculate(row, ids)
-                offsets = {} if held else {0: synced - 1}
-                position = -len(held)
-                for index, token in enumerate(ids):
-                    position += len(session.table.token_bytes[token] or b"")
-                    if position >= 0:
-                        offsets[position] = synced + index
-                per_row.append(offsets)
-            session.batch.forward_pending(keep_all=True)
-            found[verifier] = per_row
+            written = [len(pieces[r]) if walks[r].writing[verifier] else 0 for r in requests]
+            found = state.sessions[verifier].read(requests, [pieces[r] for r in requests], temperature, written)
+            readings[verifier] = dict(zip(requests, found, strict=True))
+        return readings
+
+    def reread(
+        self, state: DecodeState, verifier: int, request: RequestId, pieces: list[bytes], written: int
+    ) -> DraftReading:
+        """A verifier's reading of a draft whose first `written` pieces it wrote and whose rest it did not."""
+        self._stats(request).rereads += 1
+        temperature = 1.0 if self.settings.greedy else self.settings.temperature
+        return state.sessions[verifier].read([request], [pieces], temperature, written=[written])[0]
+
+    # ------------------------------------------------------------------ helpers for the walk
+
+    def ensemble(self, step: Step, state: DecodeState) -> Scored:
+        if self.method.base == "unite":
+            return step.unite(self.method.top_k, first_token_of(state))
+        return step.full_scored()
+
+    def sharpened(self, step: Step, scored: Scored) -> Scored:
+        if self.method.sharpen == "geometric":
+            return step.sharpen_geometric(self.method.top_k)
+        return step.sharpen_heuristic(scored, self.drafter, self.method.sharpen_lambda)
+
+
+class _Walk:
+    """The walk over one request's draft (see the module docstring)."""
+
+    def __init__(
+        self,
+        run: _SafeRun,
+        state: DecodeState,
+        request: RequestId,
+        draft: _Draft,
+        firsts: dict[int, dict[RequestId, Continuations | None]],
+    ):
+        self.run_ = run
+        self.state = state
+        self.request = request
+        self.draft = draft
+        self.firsts = {v: firsts[v][request] for v in run.verifiers}
+        self.readings: dict[int, DraftReading] = {}
+        self.stats = run._stats(request)
+        self.writing = run.writers_of(request)  # verifiers still writing (agreed with every committed piece)
+        self.pieces = draft.pieces
+        self.positions = max(1, len(draft.distributions))  # an empty draft: the verifiers decide
+
+    def first(self) -> Commit | None:
+        """Position 0; a commit when the walk ends there."""
+        outcome = self._position(0)
+        if outcome is None and self.positions == 1:
+            return self._commit(len(self.draft.choices), None)
+        return outcome
+
+    def rest(self) -> Commit:
+        for j in range(1, self.positions):
+            outcome = self._position(j)
+            if outcome is not None:
+                return outcome
+        return self._commit(len(self.draft.choices), None)
+
+    def _distributions(self, j: int) -> dict[int, Continuations | None]:
+        found: dict[int, Continuations | None] = {}
+        if j < len(self.draft.distributions):
+            found[self.run_.drafter] = self.draft.distributions[j]
+        for verifier in self.run_.verifiers:
+            if j == 0:
+                found[verifier] = self.firsts[verifier]
+            else:
+                reading = self.readings.get(verifier)
+                found[verifier] = reading.at[j] if reading is not None and j < len(reading.at) else None
         return found
 
-    # ------------------------------------------------------------------ the walk
+    def _position(self, j: int) -> Commit | None:
+        found = self._distributions(j)
+        drafted = self.draft.choices[j] if j < len(self.draft.choices) else None
+        present = [v for v in self.run_.verifiers if not self.state.sessions[v].lagging(self.request)]
+        if drafted is not None and any(found[v] is None for v in present):
+            self.stats.oov_like += 1
+            self._trace(j, "oov_like", drafted.text)
+            self._stop_writing_all()
+            return None
+        distributions = require_some(found, self.request)
+        weights = self.run_.weights.of(self.request, self.state.weights.get(self.request))
+        step = self.run_.combiner.step(distributions, weights)
+        draft_entry = None if drafted is None else self._entry(step, drafted)
+        if self.state.settings.greedy:
+            entry, decision = self._greedy(step, draft_entry)
+        else:
+            entry, decision = self._sampled(step, j, draft_entry)
+        self._trace(j, decision, b"" if entry == EOS_INDEX else step.text(entry))
+        self.run_.weights.observe(self.request, step.probabilities_of(entry))
+        self.stats.weights = named_weights(self.state.members, step.weights)
+        self._verifiers_write(step, found, entry)
+        if drafted is not None and entry == draft_entry:
+            if j > 0:
+                self._reread_disagreeing(j)
+            return None
+        return self._commit(j, step.text(entry) if entry != EOS_INDEX else None, ends=entry == EOS_INDEX)
 
-    def _decide(self, state: DecodeState, row: int, draft: _Draft, boundaries: Boundaries) -> Commit:
-        generator = state.generators[row]
-        if not draft.ids:
-            return self._verifiers_only_step(row, boundaries, generator)
-        drafter_map = self.combiner.union.maps[self.drafter]
-        for position, token in enumerate(draft.ids):
-            offset = draft.offset(position)
-            draft_entry = int(drafter_map.to_union[token])
-            probs = self._distributions(row, draft, position, offset, boundaries)
-            if probs is None:
-                self.counts.oov_like += 1
-                self._trace(row, draft, position, "oov_like", draft_entry, offset, boundaries)
-                continue
-            if self.settings.greedy:
-                chosen = self._greedy_position(probs, draft_entry)
-                decision = chosen[1]
-                self._trace(row, draft, position, decision, chosen[0], offset, boundaries)
-                if chosen[0] == draft_entry:
-                    continue
-                return self._commit(draft, position, chosen[0])
-            entry = self._sampled_position(probs, draft, position, draft_entry, generator)
-            if entry == draft_entry:
-                self._trace(row, draft, position, "accepted", entry, offset, boundaries)
-                continue
-            self._trace(row, draft, position, "resampled", entry, offset, boundaries)
-            return self._commit(draft, position, entry)
-        return self._commit(draft, len(draft.ids), None)
+    def _entry(self, step: Step, drafted: Choice) -> int:
+        if drafted.eos:
+            return EOS_INDEX
+        entry = step.pick_entry(self.run_.drafter, drafted.pick)
+        return step.entry_of(drafted.text) if entry is None else entry
 
-    def _distributions(
-        self, row: int, draft: _Draft, position: int, offset: int, boundaries: Boundaries
-    ) -> dict[int, torch.Tensor] | None:
-        """Every member's distribution at this draft position, or None where it is OOV-like."""
-        probs = {self.drafter: draft.probs[position]}
-        for verifier in self.verifiers:
-            index = boundaries[verifier][row].get(offset)
-            logits = None if index is None else self._sessions[verifier].batch.logits_after(row, index)
-            if logits is None:
-                return None
-            probs[verifier] = self._member_probs(logits)
-        return probs
-
-    def _greedy_position(self, probs: dict[int, torch.Tensor], draft_entry: int) -> tuple[int, str]:
-        if self.method.skip_tests:
-            if all(self.combiner.top_entry(v, probs[v])[1] == draft_entry for v in self.verifiers):
-                self.counts.skipped_agree += 1
+    def _greedy(self, step: Step, draft_entry: int | None) -> tuple[int, str]:
+        run = self.run_
+        if run.method.skip_tests and draft_entry is not None:
+            if all(step.own(v).entry == draft_entry for v in run.verifiers):
+                self.stats.skipped_agree += 1
                 return draft_entry, "skipped_agree"
-            entry = torch.tensor([draft_entry])
-            if float(self.combiner.score(probs, entry)[0]) > 0.5:
-                self.counts.skipped_mass += 1
+            if float(step.score(torch.tensor([draft_entry], device=step.c.device))[0]) > 0.5:
+                self.stats.skipped_mass += 1
                 return draft_entry, "skipped_mass"
-        self.counts.ensembled += 1
-        scored = self._ensemble(probs)
-        preferred = self.combiner.preferred(probs)
-        chosen = self.combiner.pick(scored, preferred)
-        if self.method.sharpen is not None and float(scored.probs.max()) < 0.5:
-            chosen = self.combiner.pick(self._sharpened(probs, scored), preferred)
-        self.counts.ensemble_kept_draft += chosen == draft_entry
+        self.stats.ensembled_positions += 1
+        scored = run.ensemble(step, self.state)
+        chosen = step.pick(scored)
+        if run.method.sharpen is not None and float(scored.probs.max()) < 0.5:
+            chosen = step.pick(run.sharpened(step, scored))
+        self.stats.ensemble_kept_draft += chosen == draft_entry
         return chosen, "ensembled"
 
-    def _ensemble(self, probs: dict[int, torch.Tensor]) -> Scored:
-        if self.method.base == "unite":
-            return self.combiner.unite(probs, self.method.top_k, first_tokens_of(self._sessions))
-        return Scored(torch.arange(self.combiner.union.size), self.combiner.full(probs))
-
-    def _sharpened(self, probs: dict[int, torch.Tensor], scored: Scored) -> Scored:
-        if self.method.sharpen == "geometric":
-            return self.combiner.sharpen_geometric(probs, self.method.top_k)
-        return self.combiner.sharpen_heuristic(scored, self.drafter, self.method.sharpen_lambda)
-
-    def _sampled_position(
-        self,
-        probs: dict[int, torch.Tensor],
-        draft: _Draft,
-        position: int,
-        draft_entry: int,
-        generator: torch.Generator | None,
-    ) -> int:
+    def _sampled(self, step: Step, j: int, draft_entry: int | None) -> tuple[int, str]:
         """Speculative sampling: keep the draft with probability min(1, p_ens / p_draft)."""
-        self.counts.ensembled += 1
-        scored = self._ensemble(probs)
-        p_ens = scored.probs / scored.probs.sum()
-        p_ens = top_p_filter(p_ens, self.settings.top_p)
-        p_draft = self.combiner.mass(self.drafter, draft.probs[position], scored.entries)
+        run = self.run_
+        generator = self.state.generators.get(self.request)
+        self.stats.ensembled_positions += 1
+        scored = run.ensemble(step, self.state)
+        p_ens = top_p_filter(scored.probs, self.state.settings.top_p)
+        if draft_entry is None:  # nothing drafted here: sample the ensemble
+            return int(scored.entries[sample(p_ens, generator)]), "resampled"  # type: ignore[arg-type]
+        drafter = run.drafter
+        proposal_all = top_p_filter(self.draft.distributions[j].dense.float(), self.state.settings.top_p)
+        drafted = self.draft.choices[j]
+        proposal = (
+            pick_prob(self.draft.distributions[j], drafted.pick)
+            if drafted.pick.group != -1
+            else float(proposal_all[drafted.pick.index])
+        )
         where = (scored.entries == draft_entry).nonzero().flatten()
         target = float(p_ens[where[0]]) if len(where) else 0.0
-        proposal = float(p_draft[where[0]]) if len(where) else 0.0
-        if proposal > 0 and float(torch.rand((), generator=generator)) < min(1.0, target / proposal):
-            self.counts.ensemble_kept_draft += 1
-            return draft_entry
-        self.counts.rejected += 1
+        if proposal > 0 and uniform(generator) < min(1.0, target / proposal):  # type: ignore[arg-type]
+            self.stats.ensemble_kept_draft += 1
+            return draft_entry, "accepted"
+        self.stats.rejected += 1
+        p_draft = step.mass(drafter, scored.entries)
+        p_draft = p_draft / p_draft.sum() if float(p_draft.sum()) > 0 else p_draft
         residual = (p_ens - p_draft).clamp(min=0.0)
         if float(residual.sum()) <= 0.0:
             residual = p_ens
-        return int(scored.entries[sample(residual / residual.sum(), generator)])  # type: ignore[arg-type]
+        return int(scored.entries[sample(residual / residual.sum(), generator)]), "resampled"  # type: ignore[arg-type]
 
-    def _verifiers_only_step(self, row: int, boundaries: Boundaries, generator: torch.Generator | None) -> Commit:
-        probs = {}
-        for verifier in self.verifiers:
-            index = boundaries[verifier][row].get(0)
-            logits = None if index is None else self._sessions[verifier].batch.logits_after(row, index)
-            if logits is not None:
-                probs[verifier] = self._member_probs(logits)
-        if not probs:
-            raise RuntimeError("no member can continue the committed text (all hold back a split character)")
-        self.counts.ensembled += 1
-        scored = self._ensemble(probs)
-        entry = self.combiner.choose(scored, self.settings, generator, self.combiner.preferred(probs))
-        return self._commit(_Draft(), 0, entry)
+    # ------------------------------------------------------------------ writers and re-reads
+
+    def _verifiers_write(self, step: Step, found: dict[int, Continuations | None], entry: int) -> None:
+        """Verifiers that still write and whose own choice at this position is the committed entry
+        write it; any other stops writing for the rest of the reply (see the module docstring)."""
+        for verifier in self.run_.verifiers:
+            distribution = found.get(verifier)
+            if not self.writing[verifier] or distribution is None or entry == EOS_INDEX:
+                self.writing[verifier] = False
+                continue
+            own = step.own(verifier)
+            if own.entry != entry or not self.state.sessions[verifier].write(self.request, distribution, own.pick):
+                self.writing[verifier] = False
+
+    def _stop_writing_all(self) -> None:
+        for verifier in self.writing:
+            self.writing[verifier] = False
+
+    def _reread_disagreeing(self, j: int) -> None:
+        """A verifier whose reading took piece j as its own but that did not write it reads the
+        rest of the draft again, as text it did not write (boundary correction; see `read`)."""
+        if j + 1 >= len(self.draft.distributions):
+            return
+        for verifier in self.run_.verifiers:
+            reading = self.readings[verifier]
+            if self.writing[verifier] or reading.written <= j:
+                continue
+            fresh = self.run_.reread(self.state, verifier, self.request, self.pieces, j)
+            self.readings[verifier] = DraftReading(reading.at[: j + 1] + fresh.at[j + 1 :], written=j)
 
     # ------------------------------------------------------------------ results
 
-    def _commit(self, draft: _Draft, accepted: int, entry: int | None) -> Commit:
+    def _commit(self, accepted: int, own_text: bytes | None, ends: bool = False) -> Commit:
         """The accepted draft prefix, then the ensemble's own entry (if the walk stopped)."""
-        ended = draft.ended and accepted == len(draft.ids)
-        text = b"".join(draft.texts[:accepted])
-        tokens = accepted
-        if entry is not None:
-            ended = entry == EOS_INDEX
-            text += b"" if ended else self.combiner.union.entries[entry]
+        choices = self.draft.choices[:accepted]
+        ended = bool(choices) and choices[-1].eos
+        text = b"".join(c.text for c in choices)
+        tokens = len(choices)
+        if own_text is not None or ends:
+            text += own_text or b""
+            ended = ends
             tokens += 1
-        own = [t for t in draft.ids[:accepted] if t not in self.members[self.drafter].eos_token_ids]
-        return Commit(text=text, eos=ended, tokens=tokens, proposals={self.drafter: own})
+        return Commit(text=text, eos=ended, tokens=max(tokens, 1))
 
-    def _trace(
-        self,
-        row: int,
-        draft: _Draft,
-        position: int,
-        decision: str,
-        entry: int,
-        offset: int,
-        boundaries: Boundaries,
-    ) -> None:
-        if not self.method.record:
+    def _trace(self, j: int, decision: str, chosen: bytes) -> None:
+        if not self.run_.method.record:
             return
-        contexts = {}
-        drafter_session = self._sessions[self.drafter]
-        contexts[self.members[self.drafter].name] = drafter_session.batch.ids(row)[
-            : drafter_session.synced_length(row) + position
-        ]
-        for verifier in self.verifiers:
-            index = boundaries[verifier][row].get(offset)
-            if index is not None:
-                contexts[self.members[verifier].name] = self._sessions[verifier].batch.ids(row)[: index + 1]
-        self.decisions.append(
-            {
-                "row": row,
-                "round": self.counts.rounds,
-                "position": position,
-                "draft": self.combiner.union.entries[
-                    int(self.combiner.union.maps[self.drafter].to_union[draft.ids[position]])
-                ],
-                "decision": decision,
-                "chosen": self.combiner.union.entries[entry],
-                "contexts": contexts,
-            }
-        )
-
-    def stats(self) -> dict[str, Any]:
-        counts = self.counts
-        figures: dict[str, Any] = {
-            "union_size": self.combiner.union.size,
-            "rounds": counts.rounds,
-            "drafted_tokens": counts.drafted,
-            "committed_tokens": counts.committed,
-            "ensembled_positions": counts.ensembled,
-            "share_ensembled": counts.ensembled / counts.committed if counts.committed else 0.0,
-            "skipped_agree": counts.skipped_agree,
-            "skipped_mass": counts.skipped_mass,
-            "oov_like": counts.oov_like,
-            "ensemble_kept_draft": counts.ensemble_kept_draft,
-            "rejected": counts.rejected,
-        }
-        if self.method.record:
-            figures["decisions"] = list(self.decisions)
-        return figures
+        drafted = self.draft.choices[j].text if j < len(self.draft.choices) else b""
+        self.stats.decisions.append(SafeDecision(self.stats.rounds, j, drafted, decision, chosen))

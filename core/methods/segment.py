@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, replace
 
 import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
-from ensemble_core.members.base import Member
-from ensemble_core.methods.base import DecodeState, EnsembleMethod, MethodRun, register
-from ensemble_core.methods.drafting import Candidate, DraftSpec, SegmentRun
+from ensemble_core.members.contract import MemberVocab, RequestId, ScoreKind
+from ensemble_core.methods.base import Binding, DecodeState, Method, MethodRun, bind_all, check_weights, register
+from ensemble_core.methods.drafting import DraftSpec, SegmentRun, SpanCandidate
+from ensemble_core.methods.weighting import WeightRule
 
 _SCORES = ("logprob", "logit")
 _ANY_NUMBER_OF_WORDS = 1 << 30
 
 
 @register("specfuse")
-class SpecFuse(EnsembleMethod):
+@dataclass(frozen=True)
+class SpecFuse(Method):
     """Every active member drafts a segment; every member scores all segments in one forward;
     the segment with the best weighted sum of normalised scores wins and is committed.
 
@@ -46,46 +48,56 @@ class SpecFuse(EnsembleMethod):
         unit: "words" (cut back to whole words, default) or "tokens" (exactly segment_tokens).
     """
 
-    def __init__(
-        self,
-        segment_tokens: int = 10,
-        score: str = "logprob",
-        exit: bool = True,
-        exit_warmup: int = 2,
-        exit_tau: float = 0.1,
-        exit_verify: bool = False,
-        hedge_eta: float | None = None,
-        weights: Sequence[float] | None = None,
-        unit: str = "words",
-    ):
-        if score not in _SCORES:
-            raise ConfigError(f"`score` has to be one of {list(_SCORES)}, but is {score!r}.")
-        if isinstance(exit_warmup, bool) or not isinstance(exit_warmup, int) or exit_warmup < 0:
-            raise ConfigError(f"`exit_warmup` has to be a non-negative integer, but is {exit_warmup!r}.")
-        if not float(exit_tau) > 0.0:
-            raise ConfigError(f"`exit_tau` has to be > 0, but is {exit_tau}.")
-        if hedge_eta is not None and not float(hedge_eta) > 0.0:
-            raise ConfigError(f"`hedge_eta` has to be > 0 (or None for fixed weights), but is {hedge_eta}.")
-        if hedge_eta is not None and weights is not None:
+    segment_tokens: int = 10
+    score: str = "logprob"
+    exit: bool = True
+    exit_warmup: int = 2
+    exit_tau: float = 0.1
+    exit_verify: bool = False
+    hedge_eta: float | None = None
+    weights: tuple[float, ...] | None = None
+    unit: str = "words"
+
+    def __post_init__(self) -> None:
+        self.spec  # noqa: B018 - checks segment_tokens and unit, naming them
+        if self.score not in _SCORES:
+            raise ConfigError(f"`score` has to be one of {list(_SCORES)}, but is {self.score!r}.")
+        warmup = self.exit_warmup
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ConfigError(f"`exit_warmup` has to be a non-negative integer, but is {warmup!r}.")
+        if not _positive(self.exit_tau):
+            raise ConfigError(f"`exit_tau` has to be > 0, but is {self.exit_tau!r}.")
+        if self.hedge_eta is not None and not _positive(self.hedge_eta):
+            raise ConfigError(f"`hedge_eta` has to be > 0 (or None for fixed weights), but is {self.hedge_eta!r}.")
+        if self.hedge_eta is not None and self.weights is not None:
             raise ConfigError("`hedge_eta` learns the weights; give either `weights` or `hedge_eta`, not both.")
-        # "words": draft up to segment_tokens tokens, then cut back to the last whole word.
-        self.spec = DraftSpec(unit, segment_tokens if unit == "tokens" else _ANY_NUMBER_OF_WORDS, segment_tokens)
-        self.score = score
-        self.exit = bool(exit)
-        self.exit_warmup = exit_warmup
-        self.exit_tau = float(exit_tau)
-        self.exit_verify = bool(exit_verify)
-        self.hedge_eta = None if hedge_eta is None else float(hedge_eta)
-        super().__init__(weights)
+        object.__setattr__(self, "weights", check_weights(self.weights))
+        if isinstance(self.weights, WeightRule):
+            raise ConfigError(
+                f"`weights={self.weights.value!r}` is for the token-level methods (GaC, UniTE, SAFE); SpecFuse "
+                "takes numbers, or learns its weights online with `hedge_eta` (SpecEM)."
+            )
+        object.__setattr__(self, "exit_tau", float(self.exit_tau))
+        object.__setattr__(self, "hedge_eta", None if self.hedge_eta is None else float(self.hedge_eta))
 
-    def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
-        return _SpecFuseRun(self, members, settings)
+    @property
+    def spec(self) -> DraftSpec:
+        """Words: draft up to segment_tokens tokens, then cut back to the last whole word."""
+        length = self.segment_tokens if self.unit == "tokens" else _ANY_NUMBER_OF_WORDS
+        return DraftSpec(self.unit, length, self.segment_tokens, "segment_tokens", "segment_tokens")
 
-    def __repr__(self) -> str:
-        return (
-            f"SpecFuse(segment_tokens={self.spec.cap}, score={self.score!r}, exit={self.exit}, "
-            f"exit_warmup={self.exit_warmup}, hedge_eta={self.hedge_eta})"
-        )
+    def bind(self, members: Sequence[MemberVocab]) -> Binding:
+        return bind_all(self, members, self.weights)
+
+    def start(self, binding: Binding, settings: GenerationSettings, device: torch.device) -> MethodRun:
+        return _SpecFuseRun(self, binding, settings)
+
+
+def _positive(value: object) -> bool:
+    try:
+        return float(value) > 0.0  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
 
 
 def normalise(values: list[float], kind: str) -> list[float]:
@@ -99,33 +111,40 @@ def normalise(values: list[float], kind: str) -> list[float]:
 
 
 class _SpecFuseRun(SegmentRun):
-    def __init__(self, method: SpecFuse, members: Sequence[Member], settings: GenerationSettings):
-        super().__init__(members, settings, method.spec, kind=method.score)
+    def __init__(self, method: SpecFuse, binding: Binding, settings: GenerationSettings):
+        super().__init__(binding, settings, method.spec, ScoreKind(method.score))
         self.method = method
-        self._weights: dict[int, list[float]] = {}  # per row: verifier weights (Hedge updates them)
-        self._quality: dict[int, dict[int, list[float]]] = {}  # per row: member -> scores of its candidates
-        self._exited: dict[int, set[int]] = {}
-        self._rounds_seen: dict[int, int] = {}
+        self._weights: dict[RequestId, list[float]] = {}  # per request: verifier weights (Hedge updates them)
+        self._quality: dict[RequestId, dict[int, list[float]]] = {}  # per request: member -> scores it got
+        self._exited: dict[RequestId, set[int]] = {}
+        self._rounds_seen: dict[RequestId, int] = {}
 
-    def drafters(self, state: DecodeState, row: int) -> list[int]:
+    def forget(self, request: RequestId) -> None:
+        for per_request in (self._weights, self._quality, self._exited, self._rounds_seen):
+            per_request.pop(request, None)
+
+    def drafters(self, state: DecodeState, row: RequestId) -> list[int]:
         active = [m for m in super().drafters(state, row) if m not in self._exited.get(row, set())]
         return active or super().drafters(state, row)[:1]
 
     def scorers(self, state: DecodeState) -> list[int]:
         if not self.method.exit_verify:
             return list(state.sessions)
-        everywhere = set.intersection(*(self._exited.get(r, set()) for r in range(state.rows))) if state.rows else set()
+        exited = [self._exited.get(r, set()) for r in state.requests]
+        everywhere = set.intersection(*exited) if exited else set()
         return [m for m in state.sessions if m not in everywhere] or list(state.sessions)
 
-    def select(self, state: DecodeState, row: int, candidates: list[Candidate], scores: dict[int, list[float]]) -> int:
-        weights = self._weights.setdefault(row, list(self.method.member_weights))
+    def select(
+        self, state: DecodeState, row: RequestId, candidates: list[SpanCandidate], scores: dict[int, list[float]]
+    ) -> int:
+        weights = self._weights.setdefault(row, list(self.binding.weights))
         normalised = {j: normalise(values, self.method.score) for j, values in scores.items()}
         total = [sum(weights[j] * normalised[j][c] for j in normalised) for c in range(len(candidates))]
         self._after_round(row, candidates, normalised, total)
         return max(range(len(candidates)), key=lambda c: (total[c], -min(candidates[c].proposers)))
 
     def _after_round(
-        self, row: int, candidates: list[Candidate], normalised: dict[int, list[float]], total: list[float]
+        self, row: RequestId, candidates: list[SpanCandidate], normalised: dict[int, list[float]], total: list[float]
     ) -> None:
         self._rounds_seen[row] = self._rounds_seen.get(row, 0) + 1
         quality = self._quality.setdefault(row, {})
@@ -137,12 +156,12 @@ class _SpecFuseRun(SegmentRun):
         if self.method.exit and self._rounds_seen[row] > self.method.exit_warmup:
             self._exit(row, owner)
 
-    def _hedge(self, row: int, owner: dict[int, int], normalised: dict[int, list[float]]) -> None:
+    def _hedge(self, row: RequestId, owner: dict[int, int], normalised: dict[int, list[float]]) -> None:
         weights = self._weights[row]
         count = len(weights)
-        if count < 2:
+        if count < 2 or self.method.hedge_eta is None:
             return
-        step = self.method.hedge_eta * math.sqrt(1.0 / count) / self._rounds_seen[row]  # type: ignore[operator]
+        step = self.method.hedge_eta * math.sqrt(1.0 / count) / self._rounds_seen[row]
         for i, ci in owner.items():
             wins = sum(
                 1
@@ -155,7 +174,7 @@ class _SpecFuseRun(SegmentRun):
         total = sum(weights)
         self._weights[row] = [w / total for w in weights]
 
-    def _exit(self, row: int, owner: dict[int, int]) -> None:
+    def _exit(self, row: RequestId, owner: dict[int, int]) -> None:
         quality = self._quality[row]
         active = [m for m in owner if m not in self._exited.get(row, set())]
         if len(active) < 2:
@@ -166,13 +185,13 @@ class _SpecFuseRun(SegmentRun):
         for member, share in zip(active, shares.tolist(), strict=True):
             if member != best and share < 0.5 / len(active):
                 self._exited.setdefault(row, set()).add(member)
+                name = self.members[member].name
+                if name not in self._stats(row).exited:
+                    self._stats(row).exited.append(name)
 
     def record(self, state, row, candidates, winner, drafters, scores) -> None:
         super().record(state, row, candidates, winner, drafters, scores)
-        weights = self._weights.get(row, self.method.member_weights)
-        self.rounds[-1]["weights"] = {state.members[m].name: round(w, 4) for m, w in enumerate(weights)}
-
-    def stats(self) -> dict[str, Any]:
-        figures = super().stats()
-        figures["exited"] = {row: sorted(self.members[m].name for m in found) for row, found in self._exited.items()}
-        return figures
+        weights = self._weights.get(row, list(self.binding.weights))
+        stats = self._stats(row)
+        named = {state.members[m].name: round(w, 4) for m, w in enumerate(weights)}
+        stats.per_round[-1] = replace(stats.per_round[-1], weights=named)

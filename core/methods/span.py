@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
-from ensemble_core.members.base import Member
-from ensemble_core.methods.base import DecodeState, EnsembleMethod, MethodRun, register
-from ensemble_core.methods.drafting import Candidate, DraftSpec, SegmentRun
+from ensemble_core.members.contract import MemberVocab, RequestId, ScoreKind
+from ensemble_core.methods.base import Binding, DecodeState, Method, MethodRun, bind_all, register
+from ensemble_core.methods.drafting import DraftSpec, SegmentRun, SpanCandidate
 
 
 @register("sweetspan")
-class SweetSpan(EnsembleMethod):
+@dataclass(frozen=True)
+class SweetSpan(Method):
     """Each member drafts a span of whole words; every member scores every span by its mean
     token log-probability (perplexity) in its own tokens; unfaithful scores are dropped and
     the rest combined by mean normalised rank.
 
     The paper's exact filter is not public; ours, documented and configurable:
-    (a) a member's score of its own span is dropped (self-preference) unless `self_score`;
+    (a) a member's score of its own span is dropped (self-preference) unless `self_score`, but
+        only when every scorer still ranks at least two spans without it: with two members each
+        scorer would see one span, and a rank of one span says nothing;
     (b) per span, a score further than `outlier_mad` median absolute deviations from the
-        median of the other kept scores is dropped;
+        median of the other kept scores is dropped (with three or more scores);
     (c) each scorer ranks the spans it kept (best 1, worst 0); a span's score is the mean of
-        its normalised ranks; ties go to the better mean log-probability, then member order.
+        its normalised ranks; ties go to the better mean CENTRED score (each scorer's score
+        minus its mean over the spans it kept: differences within one model compare, raw
+        log-probabilities of two models do not), then member order.
 
     Args:
         span_words: words per span (a word = a whitespace-led run), at least 1.
@@ -33,39 +41,46 @@ class SweetSpan(EnsembleMethod):
         unit: "words" (default) or "tokens" (then `span_words` counts tokens).
     """
 
-    def __init__(
-        self,
-        span_words: int = 4,
-        max_span_tokens: int = 16,
-        self_score: bool = False,
-        outlier_mad: float = 2.0,
-        unit: str = "words",
-    ):
-        self.spec = DraftSpec(unit, span_words, max_span_tokens)
-        if not float(outlier_mad) > 0.0:
-            raise ConfigError(f"`outlier_mad` has to be > 0, but is {outlier_mad}.")
-        super().__init__()
-        self.self_score = bool(self_score)
-        self.outlier_mad = float(outlier_mad)
+    span_words: int = 4
+    max_span_tokens: int = 16
+    self_score: bool = False
+    outlier_mad: float = 2.0
+    unit: str = "words"
 
-    def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
-        return _SweetSpanRun(self, members, settings)
+    def __post_init__(self) -> None:
+        DraftSpec(self.unit, self.span_words, self.max_span_tokens, "span_words", "max_span_tokens")
+        try:
+            mad = float(self.outlier_mad)
+        except (TypeError, ValueError):
+            mad = float("nan")
+        if not mad > 0.0:
+            raise ConfigError(f"`outlier_mad` has to be > 0, but is {self.outlier_mad!r}.")
+        object.__setattr__(self, "outlier_mad", mad)
+        object.__setattr__(self, "self_score", bool(self.self_score))
 
-    def __repr__(self) -> str:
-        return (
-            f"SweetSpan(span_words={self.spec.length}, max_span_tokens={self.spec.cap}, "
-            f"self_score={self.self_score}, outlier_mad={self.outlier_mad}, unit={self.spec.unit!r})"
-        )
+    @property
+    def spec(self) -> DraftSpec:
+        return DraftSpec(self.unit, self.span_words, self.max_span_tokens, "span_words", "max_span_tokens")
+
+    def bind(self, members: Sequence[MemberVocab]) -> Binding:
+        return bind_all(self, members, None)
+
+    def start(self, binding: Binding, settings: GenerationSettings, device: torch.device) -> MethodRun:
+        return _SweetSpanRun(self, binding, settings)
 
 
 def filtered_scores(
-    candidates: list[Candidate], scores: dict[int, list[float]], self_score: bool, outlier_mad: float
+    candidates: list[SpanCandidate], scores: dict[int, list[float]], self_score: bool, outlier_mad: float
 ) -> dict[int, dict[int, float]]:
     """scorer -> candidate index -> kept score, after the self-preference and outlier filters."""
-    kept: dict[int, dict[int, float]] = {
-        scorer: {c: s for c, s in enumerate(values) if self_score or scorer not in candidates[c].proposers}
-        for scorer, values in scores.items()
+    everything = {scorer: dict(enumerate(values)) for scorer, values in scores.items()}
+    without_self = {
+        scorer: {c: s for c, s in values.items() if scorer not in candidates[c].proposers}
+        for scorer, values in everything.items()
     }
+    keep_self = self_score or any(len(values) < 2 for values in without_self.values())
+    kept = everything if keep_self else without_self
+    kept = {scorer: dict(values) for scorer, values in kept.items()}
     for c in range(len(candidates)):
         values = [kept[j][c] for j in kept if c in kept[j]]
         if len(values) < 3:
@@ -88,16 +103,34 @@ def rank_combined(kept: dict[int, dict[int, float]], count: int) -> list[float]:
     return [sum(r) / len(r) if r else -1.0 for r in ranks]
 
 
+def centred_means(kept: dict[int, dict[int, float]], count: int) -> list[float]:
+    """Per candidate, the mean over scorers of (its score minus that scorer's mean score)."""
+    centred: list[list[float]] = [[] for _ in range(count)]
+    for values in kept.values():
+        if not values:
+            continue
+        mean = statistics.fmean(values.values())
+        for c, value in values.items():
+            centred[c].append(value - mean)
+    return [statistics.fmean(v) if v else float("-inf") for v in centred]
+
+
+def select_span(
+    candidates: list[SpanCandidate], scores: dict[int, list[float]], self_score: bool, outlier_mad: float
+) -> int:
+    """SweetSpan's winner (see the class docstring)."""
+    kept = filtered_scores(candidates, scores, self_score, outlier_mad)
+    combined = rank_combined(kept, len(candidates))
+    centred = centred_means(kept, len(candidates))
+    return max(range(len(candidates)), key=lambda c: (combined[c], centred[c], -min(candidates[c].proposers)))
+
+
 class _SweetSpanRun(SegmentRun):
-    def __init__(self, method: SweetSpan, members: Sequence[Member], settings: GenerationSettings):
-        super().__init__(members, settings, method.spec)
+    def __init__(self, method: SweetSpan, binding: Binding, settings: GenerationSettings):
+        super().__init__(binding, settings, method.spec, ScoreKind.LOGPROB)
         self.method = method
 
-    def select(self, state: DecodeState, row: int, candidates: list[Candidate], scores: dict[int, list[float]]) -> int:
-        kept = filtered_scores(candidates, scores, self.method.self_score, self.method.outlier_mad)
-        combined = rank_combined(kept, len(candidates))
-        mean_kept = [
-            statistics.fmean([kept[j][c] for j in kept if c in kept[j]] or [float("-inf")])
-            for c in range(len(candidates))
-        ]
-        return max(range(len(candidates)), key=lambda c: (combined[c], mean_kept[c], -min(candidates[c].proposers)))
+    def select(
+        self, state: DecodeState, row: RequestId, candidates: list[SpanCandidate], scores: dict[int, list[float]]
+    ) -> int:
+        return select_span(candidates, scores, self.method.self_score, self.method.outlier_mad)

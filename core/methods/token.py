@@ -1,66 +1,114 @@
 """Token-level ensembles across tokenizers: GaC (with the key-token gate) and UniTE.
 
-Both combine the members' next-token distributions in the union vocabulary at each step
-(ALGORITHMS.md sections 1-2) and commit the chosen entry's bytes; every member then brings its
-own ids in step with the text. A member whose own top token is the chosen entry keeps that
-id, so two copies of one model, or weights (1, 0), reproduce that model exactly.
+Both combine the members' next-step distributions at each step (ALGORITHMS.md sections 1-2) and
+commit the chosen text; every member then brings itself in step with it. A member whose own
+choice is the chosen text writes it itself (keeps its own tokens), so two copies of one model,
+or weights (1, 0), reproduce that model exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
-from ensemble_core.members.base import Member
-from ensemble_core.members.text_sync import MemberSession
+from ensemble_core.members.contract import Continuations, MemberVocab, RequestId
 from ensemble_core.methods.base import (
+    Binding,
     Commit,
     DecodeState,
-    EnsembleMethod,
+    Method,
     MethodRun,
-    in_step_members,
-    member_index,
+    bind_all,
+    check_fraction,
+    check_positive_int,
+    check_weights,
     register,
-    token_commit,
+    require_some,
+    role_index,
 )
-from ensemble_core.methods.combine import Combiner, Scored, first_tokens_of
-from ensemble_core.sampling import choose_token
-from ensemble_core.union import EOS_INDEX, build_union
+from ensemble_core.methods.choice import own_choice
+from ensemble_core.methods.combine import Combiner, Step
+from ensemble_core.methods.weighting import RequestWeights, named_weights
+from ensemble_core.results import MethodStats
+from ensemble_core.vocab.union import EOS_INDEX, UnionVocab, build_union
 
 
-def union_for(members: Sequence[Member]):
-    """The (memoised) union vocabulary of these members."""
-    return build_union(
-        [m.table for m in members], [m.eos_token_ids for m in members], [m.logits_width for m in members]
-    )
+def union_for(members: Sequence[MemberVocab]) -> UnionVocab:
+    """The (shared) union vocabulary of these members."""
+    return build_union([m.table for m in members], [m.eos_ids for m in members], [m.width for m in members])
 
 
-class TokenMethod(EnsembleMethod):
-    """Shared configuration of the every-step token methods: weights, gate, union."""
+def bound_union(binding: Binding) -> UnionVocab:
+    """The binding's union, built on first use and kept for the ensemble's life."""
+    if "union" not in binding.cache:
+        binding.cache["union"] = union_for(binding.members)
+    return binding.cache["union"]
 
-    def start(self, members: Sequence[Member], settings: GenerationSettings) -> MethodRun:
-        return _TokenRun(self, members, Combiner(union_for(members), self.member_weights), settings)
 
-    def gate(self) -> tuple[int, float] | None:
+@dataclass
+class TokenStats(MethodStats):
+    """GaC's and UniTE's figures for one prompt.
+
+    Attributes:
+        steps: tokens committed.
+        ensembled_steps: steps decided by several members (all of them without the gate).
+        shortcut_steps: greedy GaC steps the exact top-k shortcut decided (no full union).
+        union_size: entries of the members' union vocabulary.
+        weights: the member weights of the last ensembled step, by member name.
+    """
+
+    steps: int = 0
+    ensembled_steps: int = 0
+    shortcut_steps: int = 0
+    union_size: int = 0
+    weights: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def share_ensembled(self) -> float | None:
+        return self.ensembled_steps / self.steps if self.steps else 0.0
+
+    @property
+    def shortcut_share(self) -> float:
+        return self.shortcut_steps / self.ensembled_steps if self.ensembled_steps else 0.0
+
+
+class TokenMethod(Method):
+    """Shared machinery of the every-step token methods: weights, gate, union."""
+
+    weights: tuple[float, ...] | None
+
+    def bind(self, members: Sequence[MemberVocab]) -> Binding:
+        return bind_all(self, members, self.weights, reference=self.reference(members))
+
+    def reference(self, members: Sequence[MemberVocab]) -> int:
+        return 0
+
+    def gate(self, binding: Binding) -> tuple[int, float] | None:
         """(primary member, threshold) when the key-token gate is on."""
         return None
 
-    def decide(self, run: _TokenRun, probs: dict[int, torch.Tensor], generator: torch.Generator | None) -> int:
-        """The union entry to commit at an ensembled step."""
+    def decide(self, step: Step, state: DecodeState, request: RequestId, stats: TokenStats) -> int:
+        """The entry to commit at an ensembled step."""
         raise NotImplementedError
+
+    def start(self, binding: Binding, settings: GenerationSettings, device: torch.device) -> MethodRun:
+        combiner = Combiner(bound_union(binding), binding.members, binding.weights, device)
+        return _TokenRun(self, binding, combiner, RequestWeights(binding.weights, binding.rule))
 
 
 @register("gac")
+@dataclass(frozen=True)
 class GaC(TokenMethod):
-    """Generation as Classification: average the members' distributions over the union at
-    every step and take the argmax (or sample from it when temperature > 0).
+    """Generation as Classification: average the members' distributions at every step and take
+    the argmax (or sample from it when temperature > 0).
 
     Args:
-        weights: one per member (normalised); default equal.
+        weights: one per member (normalised); default equal; or "auto" / "prompt" / "agreement"
+            (per-request weights that need no tuning, see `methods.weighting`).
         threshold: turn on the key-token gate: when the primary's top probability is above
             it, the primary's token is taken without consulting the others (they catch up at
             the next ensembled step in ONE forward). In (0, 1]; the SAFE paper uses 0.5.
@@ -70,129 +118,148 @@ class GaC(TokenMethod):
         >>> Ensemble([qwen, smol], method=GaC(threshold=0.5, primary="qwen"))  # doctest: +SKIP
     """
 
-    def __init__(
-        self, weights: Sequence[float] | None = None, threshold: float | None = None, primary: str | None = None
-    ):
-        super().__init__(weights)
-        if threshold is not None and not 0.0 < float(threshold) <= 1.0:
-            raise ConfigError(f"`threshold` has to be in (0, 1], but is {threshold}.")
-        if primary is not None and threshold is None:
+    weights: tuple[float, ...] | None = None
+    threshold: float | None = None
+    primary: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", check_weights(self.weights))
+        if self.threshold is not None:
+            value = check_fraction(self.threshold, "threshold", 0.0, 1.0, low_open=True, high_open=False)
+            object.__setattr__(self, "threshold", value)
+        if self.primary is not None and self.threshold is None:
             raise ConfigError("`primary` only applies with a `threshold` (the key-token gate); set both.")
-        self.threshold = None if threshold is None else float(threshold)
-        self.primary = primary
-        self._primary_index = 0
 
-    def bind(self, members: Sequence[Member]) -> None:
-        super().bind(members)
-        self._primary_index = 0 if self.primary is None else member_index(members, self.primary, "primary")
+    def reference(self, members: Sequence[MemberVocab]) -> int:
+        return role_index(members, self.primary, "primary")
 
-    def reference_member(self, members: Sequence[Member]) -> int:
-        return self._primary_index
+    def gate(self, binding: Binding) -> tuple[int, float] | None:
+        return None if self.threshold is None else (binding.reference, self.threshold)
 
-    def gate(self) -> tuple[int, float] | None:
-        return None if self.threshold is None else (self._primary_index, self.threshold)
-
-    def decide(self, run: _TokenRun, probs: dict[int, torch.Tensor], generator: torch.Generator | None) -> int:
-        if run.settings.greedy:
-            entry, by_shortcut = run.combiner.greedy(probs)
-            run.shortcut_hits += by_shortcut
+    def decide(self, step: Step, state: DecodeState, request: RequestId, stats: TokenStats) -> int:
+        if state.settings.greedy:
+            entry, by_shortcut = step.greedy()
+            stats.shortcut_steps += by_shortcut
             return entry
-        full = Scored(torch.arange(run.combiner.union.size), run.combiner.full(probs))
-        return run.combiner.choose(full, run.settings, generator, run.combiner.preferred(probs))
-
-    def __repr__(self) -> str:
-        return f"GaC(weights={self.weights}, threshold={self.threshold}, primary={self.primary!r})"
+        return step.choose(step.full_scored(), state.settings, state.generators.get(request))
 
 
 @register("unite")
+@dataclass(frozen=True)
 class UniTE(TokenMethod):
-    """UniTE: only the union of each member's top-k tokens is considered; each member's
+    """UniTE: only the union of each member's top-k candidates is considered; each member's
     distribution is restricted to that set and renormalised (a candidate a member lacks is
     scored through its first sub-token), averaged, argmax or sampled.
 
     Args:
         top_k: candidates per member (the paper's k = 10); a positive integer.
-        weights: one per member (normalised); default equal.
+        weights: one per member (normalised); default equal; or "auto" / "prompt" / "agreement"
+            (per-request weights that need no tuning, see `methods.weighting`).
     """
 
-    def __init__(self, top_k: int = 10, weights: Sequence[float] | None = None):
-        super().__init__(weights)
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise ConfigError(f"`top_k` has to be a positive integer, but is {top_k!r}.")
-        self.top_k = top_k
+    top_k: int = 10
+    weights: tuple[float, ...] | None = None
 
-    def decide(self, run: _TokenRun, probs: dict[int, torch.Tensor], generator: torch.Generator | None) -> int:
-        scored = run.combiner.unite(probs, self.top_k, first_tokens_of(run.sessions))
-        return run.combiner.choose(scored, run.settings, generator, run.combiner.preferred(probs))
+    def __post_init__(self) -> None:
+        check_positive_int(self.top_k, "top_k")
+        object.__setattr__(self, "weights", check_weights(self.weights))
 
-    def __repr__(self) -> str:
-        return f"UniTE(top_k={self.top_k}, weights={self.weights})"
+    def decide(self, step: Step, state: DecodeState, request: RequestId, stats: TokenStats) -> int:
+        scored = step.unite(self.top_k, first_token_of(state))
+        return step.choose(scored, state.settings, state.generators.get(request))
 
 
+def first_token_of(state: DecodeState):
+    """UniTE's lookup for a candidate a member lacks: the member's first token of that text."""
+
+    def first_token(member: int, text: bytes) -> int | None:
+        ids = state.members[member].encode(text)
+        return ids[0] if ids else None
+
+    return first_token
+
+
+@dataclass
 class _TokenRun(MethodRun):
-    def __init__(
-        self, method: TokenMethod, members: Sequence[Member], combiner: Combiner, settings: GenerationSettings
-    ):
-        self.method = method
-        self.members = members
-        self.combiner = combiner
-        self.settings = settings
-        self.steps = 0
-        self.ensembled = 0
-        self.shortcut_hits = 0
-        self.sessions: dict[int, MemberSession] = {}
+    method: TokenMethod
+    binding: Binding
+    combiner: Combiner
+    weights: RequestWeights
+    counts: dict[RequestId, TokenStats] = field(default_factory=dict)
 
-    def step(self, state: DecodeState) -> list[Commit]:
-        self.sessions = state.sessions
-        commits: list[Commit | None] = [None] * state.rows
-        to_ensemble = list(range(state.rows))
-        gate = self.method.gate()
+    def step(self, state: DecodeState) -> dict[RequestId, Commit]:
+        commits: dict[RequestId, Commit] = {}
+        to_ensemble = list(state.requests)
+        gate = self.method.gate(self.binding)
+        primary_found: dict[RequestId, Continuations | None] = {}
         if gate is not None:
-            to_ensemble = self._gated(state, gate, commits)
+            to_ensemble, primary_found = self._gated(state, gate, commits)
         if to_ensemble:
-            logits = {m: session.next_logits(to_ensemble) for m, session in state.sessions.items()}
-            temperature = 1.0 if self.settings.greedy else self.settings.temperature
-            for k, row in enumerate(to_ensemble):
-                probs = {
-                    m: self.combiner.member_probs(logits[m][k], temperature)
-                    for m in in_step_members(state, row, list(logits))
-                }
-                entry = self.method.decide(self, probs, state.generators[row])
-                commits[row] = self._entry_commit(entry, probs)
-        self.steps += state.rows
-        self.ensembled += len(to_ensemble)
-        return [c for c in commits if c is not None]
+            found = {m: state.next_of(m, to_ensemble) for m in state.sessions if m not in self._already(gate)}
+            if gate is not None:
+                found[gate[0]] = primary_found
+            for request in to_ensemble:
+                distributions = require_some({m: per[request] for m, per in found.items()}, request)
+                commits[request] = self._ensembled(state, request, distributions)
+        for request in state.requests:
+            self._stats(request).steps += 1
+        return commits
 
-    def _gated(self, state: DecodeState, gate: tuple[int, float], commits: list[Commit | None]) -> list[int]:
+    @staticmethod
+    def _already(gate: tuple[int, float] | None) -> set[int]:
+        return set() if gate is None else {gate[0]}
+
+    def _stats(self, request: RequestId) -> TokenStats:
+        if request not in self.counts:
+            self.counts[request] = TokenStats(union_size=self.combiner.union.size)
+        return self.counts[request]
+
+    def _gated(
+        self, state: DecodeState, gate: tuple[int, float], commits: dict[RequestId, Commit]
+    ) -> tuple[list[RequestId], dict[RequestId, Continuations | None]]:
         primary, threshold = gate
-        member = self.members[primary]
-        logits = state.sessions[primary].next_logits()
+        vocab = state.members[primary]
+        found = state.next_of(primary, state.requests)
         rest = []
-        for row in range(state.rows):
-            if float(torch.softmax(logits[row].float(), dim=-1).max()) <= threshold:
-                rest.append(row)
+        for request in state.requests:
+            distribution = found[request]
+            if distribution is None or not self._confident(vocab, distribution, threshold):
+                rest.append(request)
                 continue
-            token = choose_token(logits[row], self.settings, state.generators[row])
-            commits[row] = token_commit(member, primary, token)
-        return rest
+            choice = own_choice(vocab, distribution, state.settings, state.generators.get(request))
+            if choice.eos:
+                commits[request] = Commit(eos=True)
+            else:
+                state.sessions[primary].write(request, distribution, choice.pick)
+                commits[request] = Commit(text=choice.text)
+        return rest, {r: found[r] for r in rest}
 
-    def _entry_commit(self, entry: int, probs: dict[int, torch.Tensor]) -> Commit:
+    @staticmethod
+    def _confident(vocab: MemberVocab, distribution: Continuations, threshold: float) -> bool:
+        """The primary's top probability (at temperature 1 when greedy) is above the threshold."""
+        from ensemble_core.methods.choice import greedy_choice
+
+        return greedy_choice(vocab, distribution).prob > threshold
+
+    def _ensembled(self, state: DecodeState, request: RequestId, distributions: dict[int, Continuations]) -> Commit:
+        step = self.combiner.step(distributions, self.weights.of(request, state.weights.get(request)))
+        stats = self._stats(request)
+        stats.ensembled_steps += 1
+        entry = self.method.decide(step, state, request, stats)
+        self.weights.observe(request, step.probabilities_of(entry))
+        stats.weights = named_weights(state.members, step.weights)
         if entry == EOS_INDEX:
             return Commit(eos=True)
-        producers = {}
-        for member, member_probs in probs.items():
-            token, top = self.combiner.top_entry(member, member_probs)
-            if top == entry:
-                producers[member] = [token]
-        return Commit(text=self.combiner.union.entries[entry], proposals=producers)
+        for member, distribution in distributions.items():
+            pick = step.pick_for(member, entry)
+            if pick is not None:  # this member's own choice: it keeps its own tokens
+                state.sessions[member].write(request, distribution, pick)
+        return Commit(text=step.text(entry))
 
-    def stats(self) -> dict[str, Any]:
-        figures: dict[str, Any] = {
-            "union_size": self.combiner.union.size,
-            "steps": self.steps,
-            "ensembled_steps": self.ensembled,
-            "share_ensembled": self.ensembled / self.steps if self.steps else 0.0,
-        }
-        if self.settings.greedy and isinstance(self.method, GaC):
-            figures["shortcut_share"] = self.shortcut_hits / self.ensembled if self.ensembled else 0.0
-        return figures
+    def stats(self, request: RequestId) -> MethodStats:
+        return self._stats(request)
+
+    def drop(self, requests: Sequence[RequestId]) -> None:
+        for request in requests:
+            self.counts.pop(request, None)
+        self.weights.drop(requests)

@@ -1,4 +1,4 @@
-"""GaC, UniTE and SAFE: argument checks (fast, tiny models) and mechanics on tiny models."""
+"""Every method's argument checks (at construction) and member references (when bound)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from ensemble_core import Ensemble
 from ensemble_core.errors import ConfigError, UnknownNameError
-from ensemble_core.methods import SAFE, GaC, UniTE
+from ensemble_core.methods import SAFE, GaC, SpecFuse, SweetSpan, UniTE
 
 
 @pytest.fixture
@@ -28,6 +28,12 @@ def pair(tiny_member):
         (lambda: SAFE(base="vote"), ConfigError, r"`base` has to be one of \['gac', 'unite'\]"),
         (lambda: SAFE(sharpen="max"), ConfigError, "`sharpen` has to be one of"),
         (lambda: SAFE(sharpen_lambda=1.0), ConfigError, r"`sharpen_lambda` has to be in \(0, 1\)"),
+        (lambda: SweetSpan(unit="lines"), ConfigError, r"`unit` has to be one of \['words', 'tokens'\]"),
+        (lambda: SweetSpan(outlier_mad=0), ConfigError, "`outlier_mad` has to be > 0"),
+        (lambda: SpecFuse(score="perplexity"), ConfigError, r"`score` has to be one of \['logprob', 'logit'\]"),
+        (lambda: SpecFuse(hedge_eta=-0.5), ConfigError, "`hedge_eta` has to be > 0"),
+        (lambda: SpecFuse(exit_warmup=-1), ConfigError, "`exit_warmup` has to be a non-negative integer"),
+        (lambda: SpecFuse(hedge_eta=1.0, weights=[1, 1]), ConfigError, "either `weights` or `hedge_eta`"),
     ],
 )
 def test_bad_method_arguments_fail_at_construction(make, error, message) -> None:
@@ -46,7 +52,7 @@ def test_bad_references_to_members_fail_when_bound(pair) -> None:
         Ensemble(pair, method=SAFE(drafter="tiny"))
     with pytest.raises(ConfigError, match="SAFE needs at least two members"):
         Ensemble(pair[:1], method="safe")
-    assert Ensemble(pair, method=SAFE(drafter="tiny-q")).method.reference_member(pair) == 1  # unique prefix
+    assert Ensemble(pair, method=SAFE(drafter="tiny-q")).binding.reference == 1  # unique prefix
 
 
 @pytest.mark.parametrize("method", ["gac", "unite", "safe"])
