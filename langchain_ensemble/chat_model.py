@@ -18,23 +18,25 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from ensemble_core.chat.reply import Reply, ReplyAssembler
+from ensemble_core.chat.request import ChatRequest, build_request
+from ensemble_core.chat.tool_calls import resolve_tool_choice
 from ensemble_core.config import build_settings
 from ensemble_core.ensemble import Ensemble
+from ensemble_core.errors import ConfigError
 from ensemble_core.loading import EnsembleSpec, adapter_source, shared_ensemble
-from ensemble_core.request import ChatRequest
-from ensemble_core.results import GenerationResult, StreamChunk
-from ensemble_core.tool_calls import resolve_tool_choice
-from langchain_ensemble.reply import StreamedReply, build_request, final_message
+from ensemble_core.results import StreamChunk
+from langchain_ensemble.messages import to_core_messages
+from langchain_ensemble.reply import chat_result, event_chunk, last_chunk
 
-_CALL_OPTIONS = {"tools", "tool_choice", "parallel_tool_calls", "response_format", "model"}
-_SETTING_OPTIONS = {"temperature": "temperature", "max_tokens": "max_new_tokens", "top_p": "top_p", "seed": "seed"}
+_RENAMED = {"max_tokens": "max_new_tokens"}  # LangChain's name for the core setting
 
 
 class ChatEnsemble(BaseChatModel):
@@ -142,8 +144,7 @@ class ChatEnsemble(BaseChatModel):
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids of `text` in the reference member's tokenizer (local; never a download)."""
         ensemble = self._get_ensemble()
-        member = ensemble.members[ensemble.method.reference_member(ensemble.members)]
-        return list(member.tokenizer.encode(text, add_special_tokens=False))
+        return ensemble.reference_member.encode_text(text)
 
     # ------------------------------------------------------------------ tools and structured output
 
@@ -185,9 +186,11 @@ class ChatEnsemble(BaseChatModel):
         if method == "function_calling":
             return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
         if method not in ("json_schema", "json_mode"):
-            raise ValueError(f"`method` must be 'function_calling', 'json_schema' or 'json_mode', but is {method!r}")
+            raise ConfigError(
+                f"`method` has to be 'function_calling', 'json_schema' or 'json_mode', but is {method!r}."
+            )
         if kwargs:
-            raise ValueError(f"Received unsupported arguments {kwargs}")
+            raise ConfigError(f"with_structured_output got unsupported arguments {sorted(kwargs)}.")
         response_format: dict[str, Any] = {"type": "json_object"}
         if method == "json_schema":
             response_format = {"type": "json_schema", "schema": convert_to_json_schema(schema)}
@@ -213,10 +216,10 @@ class ChatEnsemble(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         request = self._request(messages, stop, kwargs)
-        result = None
-        for chunk in self._core_stream(request):
-            result = chunk.result or result
-        return self._chat_result(request, self._finished(result))
+        assembler = ReplyAssembler(request)
+        for core_chunk in self._core_stream(request):
+            assembler.feed(core_chunk)
+        return chat_result(self._finished(assembler.reply), self.model_name)
 
     async def _agenerate(
         self,
@@ -226,10 +229,10 @@ class ChatEnsemble(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         request = await asyncio.to_thread(self._request, messages, stop, kwargs)  # may run the models (pick_tool)
-        result = None
-        async for chunk in self._core_astream(request):
-            result = chunk.result or result
-        return self._chat_result(request, self._finished(result))
+        assembler = ReplyAssembler(request)
+        async for core_chunk in self._core_astream(request):
+            assembler.feed(core_chunk)
+        return chat_result(self._finished(assembler.reply), self.model_name)
 
     def _stream(
         self,
@@ -239,13 +242,13 @@ class ChatEnsemble(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         request = self._request(messages, stop, kwargs)
-        reply = StreamedReply(request, self.model_name)
+        assembler = ReplyAssembler(request)
         for core_chunk in self._core_stream(request):
-            for chunk in reply.chunks(core_chunk):
+            for chunk in self._chunks(assembler, core_chunk):
                 if run_manager is not None:
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
-        self._finished(reply.result)
+        self._finished(assembler.reply)
 
     async def _astream(
         self,
@@ -255,13 +258,13 @@ class ChatEnsemble(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         request = await asyncio.to_thread(self._request, messages, stop, kwargs)  # may run the models (pick_tool)
-        reply = StreamedReply(request, self.model_name)
+        assembler = ReplyAssembler(request)
         async for core_chunk in self._core_astream(request):
-            for chunk in reply.chunks(core_chunk):
+            for chunk in self._chunks(assembler, core_chunk):
                 if run_manager is not None:
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
-        self._finished(reply.result)
+        self._finished(assembler.reply)
 
     # ------------------------------------------------------------------ internals
 
@@ -281,21 +284,23 @@ class ChatEnsemble(BaseChatModel):
         return list(dict.fromkeys([*(self.stop or []), *(stop or [])]))
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ChatRequest:
-        unknown = set(kwargs) - _CALL_OPTIONS - set(_SETTING_OPTIONS)
-        if unknown:
-            known = ", ".join(sorted(_CALL_OPTIONS | set(_SETTING_OPTIONS)))
-            raise ValueError(f"ChatEnsemble got unknown call options {sorted(unknown)}; known: {known}")
-        if kwargs.get("model") not in (None, self.model_name):
-            raise ValueError(
-                f"ChatEnsemble serves {self.model_name!r} and cannot switch to model={kwargs['model']!r} per call; "
-                "make another ChatEnsemble for other models."
-            )
-        settings = {**self._settings(), "stop": self._merged_stop(stop)}
-        settings.update({_SETTING_OPTIONS[k]: v for k, v in kwargs.items() if k in _SETTING_OPTIONS})
-        build_settings(**settings)
+        """The core request; messages and every option are checked before the ensemble is loaded."""
         return build_request(
-            messages, settings, kwargs, lambda prompt, tools: self._get_ensemble().pick_tool(prompt, tools)
+            to_core_messages(messages),
+            self._settings(),
+            {**kwargs, "stop": stop},
+            pick_tool=lambda prompt, tools: self._get_ensemble().pick_tool(prompt, tools),
+            served=self.model_name,
+            caller="ChatEnsemble",
+            renamed=_RENAMED,
         )
+
+    def _chunks(self, assembler: ReplyAssembler, core_chunk: StreamChunk) -> list[ChatGenerationChunk]:
+        """The LangChain chunks one core chunk settles (the last one closes with usage and metadata)."""
+        chunks = [event_chunk(event) for event in assembler.feed(core_chunk)]
+        if assembler.reply is not None:
+            chunks.append(last_chunk(assembler.reply, self.model_name))
+        return chunks
 
     def _core_stream(self, request: ChatRequest) -> Iterator[StreamChunk]:
         cancel = threading.Event()
@@ -310,7 +315,8 @@ class ChatEnsemble(BaseChatModel):
         cancel = threading.Event()
         timer = self._start_timer(cancel)
         try:
-            async for chunk in self._get_ensemble().astream(request.prompt, cancel=cancel, **request.core_arguments):
+            ensemble = await asyncio.to_thread(self._get_ensemble)  # a first load must not block the event loop
+            async for chunk in ensemble.astream(request.prompt, cancel=cancel, **request.core_arguments):
                 yield chunk
         finally:
             if timer is not None:
@@ -324,19 +330,11 @@ class ChatEnsemble(BaseChatModel):
         timer.start()
         return timer
 
-    def _finished(self, result: GenerationResult | None) -> GenerationResult:
-        """The result, or the timeout that cut the generation short."""
-        if result is None:
+    def _finished(self, reply: Reply | None) -> Reply:
+        """The reply, or the timeout that cut the generation short."""
+        if reply is None:
             raise TimeoutError(
                 f"ChatEnsemble stopped generating after timeout={self.timeout} s; "
                 "raise `timeout` or lower `max_tokens`."
             )
-        return result
-
-    def _chat_result(self, request: ChatRequest, result: GenerationResult) -> ChatResult:
-        message = final_message(request, result, self.model_name)
-        info = {"finish_reason": message.response_metadata["finish_reason"]}
-        return ChatResult(
-            generations=[ChatGeneration(message=message, generation_info=info)],
-            llm_output={"model_name": self.model_name},
-        )
+        return reply

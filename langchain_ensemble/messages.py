@@ -15,7 +15,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from ensemble_core.conversation import text_content
+from ensemble_core.chat.conversation import text_content
 from ensemble_core.errors import ConfigError
 
 _ROLES: dict[type[BaseMessage], str] = {

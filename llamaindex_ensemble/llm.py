@@ -35,26 +35,19 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
+from ensemble_core.chat.reply import ReplyAssembler, read_reply
+from ensemble_core.chat.request import ChatRequest, build_request
+from ensemble_core.chat.tool_calls import resolve_tool_choice
 from ensemble_core.config import build_settings
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.errors import ConfigError
 from ensemble_core.loading import EnsembleSpec, adapter_source, shared_ensemble
-from ensemble_core.request import ChatRequest
 from ensemble_core.results import StreamChunk
-from ensemble_core.tool_calls import plan_tools, resolve_tool_choice
 from llamaindex_ensemble.messages import to_core_messages, to_openai_tools
-from llamaindex_ensemble.reply import (
-    StreamedReply,
-    chat_response,
-    first_call_only,
-    tool_selections,
-)
+from llamaindex_ensemble.reply import chat_response, first_call_only, streamed_response, tool_selections
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
-
-_SETTINGS = ("max_new_tokens", "stop", "temperature", "top_p", "seed")
-_CALL_OPTIONS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 class EnsembleLLM(FunctionCallingLLM):
@@ -78,9 +71,11 @@ class EnsembleLLM(FunctionCallingLLM):
     Every request is a chat rendered by each member's own template (`complete` sends the
     prompt as one user message), so `messages_to_prompt`/`completion_to_prompt` are not used.
     Per call, `chat`/`complete` (and their stream/async forms) take `max_new_tokens`, `stop`
-    (added to the field's), `temperature`, `top_p`, `seed`, and `tools`, `tool_choice`,
-    `parallel_tool_calls`; anything else is an error. Async calls run generation in a worker
-    thread and never block the event loop; concurrent calls queue on the ensemble.
+    (added to the field's), `temperature`, `top_p`, `seed`, `tools`, `tool_choice`,
+    `parallel_tool_calls`, `response_format` (a JSON reply) and `model` (only its own name),
+    read and checked by `ensemble_core.chat.request.build_request` as `ChatEnsemble`'s are;
+    anything else is a `ConfigError`. Async calls run generation in a worker thread and never
+    block the event loop; concurrent calls queue on the ensemble.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -172,7 +167,7 @@ class EnsembleLLM(FunctionCallingLLM):
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request = self._request(messages, kwargs)
         result = self._get_ensemble().generate(request.prompt, **request.core_arguments)
-        return chat_response(request, result, self.model_name)
+        return chat_response(read_reply(request, result), self.model_name)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -186,7 +181,7 @@ class EnsembleLLM(FunctionCallingLLM):
         request = await asyncio.to_thread(self._request, messages, kwargs)  # may run the models (pick_tool)
         ensemble = await self._aget_ensemble()
         result = await ensemble.agenerate(request.prompt, **request.core_arguments)
-        return chat_response(request, result, self.model_name)
+        return chat_response(read_reply(request, result), self.model_name)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
@@ -260,7 +255,7 @@ class EnsembleLLM(FunctionCallingLLM):
     def get_tool_calls_from_response(
         self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
     ) -> list[ToolSelection]:
-        """The calls in `response` (parsed by `ensemble_core.tool_calls` when it was generated).
+        """The calls in `response` (parsed by `ensemble_core.chat.tool_calls` when it was generated).
 
         Raises:
             ValueError: no call and `error_on_no_tool_call`; the message quotes the reply, or
@@ -280,25 +275,16 @@ class EnsembleLLM(FunctionCallingLLM):
         }
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatRequest:
-        unknown = set(kwargs) - set(_SETTINGS) - set(_CALL_OPTIONS)
-        if unknown:
-            known = ", ".join((*_SETTINGS, *_CALL_OPTIONS))
-            raise ConfigError(f"EnsembleLLM got unknown call options {sorted(unknown)}; known: {known}.")
-        settings = {**self._settings(), **{k: kwargs[k] for k in _SETTINGS if k in kwargs}}
-        call_stop = [kwargs["stop"]] if isinstance(kwargs.get("stop"), str) else kwargs.get("stop") or []
-        settings["stop"] = list(dict.fromkeys([*(self.stop or []), *call_stop]))
-        build_settings(**settings)
-        tools = to_openai_tools(kwargs.get("tools"))
-        names = [t["function"]["name"] for t in tools or []]
-        prompt = to_core_messages(messages)
-        plan = plan_tools(
-            tools,
-            resolve_tool_choice(kwargs.get("tool_choice"), names),
-            parallel_calls=bool(kwargs.get("parallel_tool_calls", True)),
-            stop=settings["stop"],
-            pick_tool=lambda offered: self._get_ensemble().pick_tool(prompt, offered),
+        """The core request; messages and every option are checked before the ensemble is loaded."""
+        options = {**kwargs, "tools": to_openai_tools(kwargs.get("tools"))} if "tools" in kwargs else kwargs
+        return build_request(
+            to_core_messages(messages),
+            self._settings(),
+            options,
+            pick_tool=lambda prompt, tools: self._get_ensemble().pick_tool(prompt, tools),
+            served=self.model_name,
+            caller="EnsembleLLM",
         )
-        return ChatRequest(prompt, {**settings, "stop": plan.stop}, plan.tools, plan.reply_prefix)
 
     def _get_ensemble(self) -> Ensemble:
         if self._loaded is None:
@@ -333,17 +319,17 @@ class EnsembleLLM(FunctionCallingLLM):
         return window
 
     def _responses(self, request: ChatRequest, chunks: Iterator[StreamChunk]) -> ChatResponseGen:
-        reply = StreamedReply(request, self.model_name)
+        assembler = ReplyAssembler(request)
         with contextlib.closing(chunks):  # leaving early ends the generation and frees the ensemble
             for chunk in chunks:
-                if (response := reply.feed(chunk)) is not None:
+                if (response := streamed_response(assembler, chunk, self.model_name)) is not None:
                     yield response
 
     async def _aresponses(self, request: ChatRequest, chunks: AsyncIterator[StreamChunk]) -> ChatResponseAsyncGen:
-        reply = StreamedReply(request, self.model_name)
+        assembler = ReplyAssembler(request)
         try:
             async for chunk in chunks:
-                if (response := reply.feed(chunk)) is not None:
+                if (response := streamed_response(assembler, chunk, self.model_name)) is not None:
                     yield response
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]  # stops the worker thread when left early

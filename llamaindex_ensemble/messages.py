@@ -17,7 +17,7 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
 )
 
-from ensemble_core.conversation import text_content
+from ensemble_core.chat.conversation import text_content
 from ensemble_core.errors import ConfigError
 
 # LlamaIndex has provider-specific names for the three roles a chat template knows.

@@ -1,8 +1,9 @@
-"""One chat call: the request handed to the core, and the reply turned into LlamaIndex responses.
+"""The core's reply (`ensemble_core.chat.reply`) as LlamaIndex responses.
 
-Tool calls are read by `ensemble_core.tool_calls` (the parser the LangChain adapter uses too),
-so a reply means the same thing in both frameworks. They become `ToolCallBlock`s in the
-assistant message, the place LlamaIndex's agents and memory look for them.
+The reply is read (text, tool calls, finish reason) by the core's one reply assembler, the
+path the LangChain adapter uses too, so a reply means the same thing in both frameworks.
+Calls become `ToolCallBlock`s in the assistant message, where LlamaIndex's agents and memory
+look for them.
 """
 
 from __future__ import annotations
@@ -20,24 +21,33 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.llms.llm import ToolSelection
 
-from ensemble_core.request import ChatRequest
-from ensemble_core.results import GenerationResult, StreamChunk
-from ensemble_core.tool_calls import (
-    InvalidToolCall,
-    ToolCall,
-    ToolCallStream,
-    parse_reply,
-)
+from ensemble_core.chat.reply import Reply, ReplyAssembler, TextDelta
+from ensemble_core.chat.tool_calls import InvalidToolCall, ToolCall
+from ensemble_core.results import StreamChunk
 
 
-def chat_response(request: ChatRequest, result: GenerationResult, model_name: str) -> ChatResponse:
+def chat_response(reply: Reply, model_name: str) -> ChatResponse:
     """The whole reply as one `ChatResponse`: text and tool-call blocks, usage and ensemble stats."""
-    parsed = parse_reply(request.reply_prefix + result.text, request.tool_names)
-    message = assistant_message(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls)
+    message = assistant_message(reply.content, reply.tool_calls, reply.invalid_tool_calls)
+    return ChatResponse(message=message, raw=raw_response(reply, model_name), additional_kwargs=token_counts(reply))
+
+
+def streamed_response(assembler: ReplyAssembler, chunk: StreamChunk, model_name: str) -> ChatResponse | None:
+    """The response for one core chunk: `delta` is the new text, `message` the reply so far.
+
+    None while the chunk settles nothing (text that could start a tool call is held back; a
+    call appears once whole). The last response carries `raw` and the token counts.
+    """
+    events = assembler.feed(chunk)
+    reply = assembler.reply
+    if reply is None and not events:
+        return None
+    delta = "".join(event.text for event in events if isinstance(event, TextDelta))
+    message = assistant_message(assembler.text, assembler.tool_calls, assembler.invalid_tool_calls)
+    if reply is None:
+        return ChatResponse(message=message, delta=delta)
     return ChatResponse(
-        message=message,
-        raw=raw_response(result, model_name, bool(parsed.tool_calls)),
-        additional_kwargs=token_counts(result),
+        message=message, delta=delta, raw=raw_response(reply, model_name), additional_kwargs=token_counts(reply)
     )
 
 
@@ -53,9 +63,9 @@ def assistant_message(text: str, calls: Sequence[ToolCall], invalid: Sequence[In
     return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=extra)
 
 
-def token_counts(result: GenerationResult) -> dict[str, int]:
+def token_counts(reply: Reply) -> dict[str, int]:
     """The headline counts, in the tokens of the method's reference member (see `Usage.counted_by`)."""
-    usage = result.usage
+    usage = reply.usage
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -63,61 +73,22 @@ def token_counts(result: GenerationResult) -> dict[str, int]:
     }
 
 
-def raw_response(result: GenerationResult, model_name: str, called_tools: bool) -> dict[str, Any]:
+def raw_response(reply: Reply, model_name: str) -> dict[str, Any]:
     """JSON-friendly: why the reply ended, usage (with every member's own counts), ensemble stats.
 
     `usage` has the key names LlamaIndex's `TokenCountingHandler` reads.
     """
     members = {
         name: {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
-        for name, u in result.usage.members.items()
+        for name, u in reply.usage.members.items()
     }
     return {
         "model": model_name,
-        "finish_reason": result.api_finish_reason(called_tools),
-        "ensemble_finish_reason": result.finish_reason,
-        "usage": {**token_counts(result), "counted_by": result.usage.counted_by, "members": members},
-        "ensemble": result.summary(),
+        "finish_reason": reply.finish_reason,
+        "ensemble_finish_reason": reply.result.finish_reason,
+        "usage": {**token_counts(reply), "counted_by": reply.usage.counted_by, "members": members},
+        "ensemble": reply.summary(),
     }
-
-
-class StreamedReply:
-    """Core stream chunks -> `ChatResponse`s: `delta` is the new text, `message` the reply so far.
-
-    Text is released as soon as it cannot be the start of a tool call; a call appears in the
-    message (as a `ToolCallBlock`) once it is whole. The last response carries `raw` (usage and
-    ensemble stats) and the token counts.
-    """
-
-    def __init__(self, request: ChatRequest, model_name: str):
-        self._model_name = model_name
-        self._splitter = ToolCallStream(request.tool_names)
-        self._waiting = self._splitter.feed(request.reply_prefix) if request.reply_prefix else []
-        self._text = ""
-        self._calls: list[ToolCall] = []
-        self._invalid: list[InvalidToolCall] = []
-
-    def feed(self, chunk: StreamChunk) -> ChatResponse | None:
-        """The response for one core chunk (None when it released nothing yet)."""
-        events = [*self._waiting, *self._splitter.feed(chunk.text)]
-        self._waiting = []
-        if chunk.result is not None:
-            events += self._splitter.finish()
-        delta = "".join(event.text for event in events)
-        self._text += delta
-        self._calls += [event.call for event in events if event.call is not None]
-        self._invalid += [event.invalid for event in events if event.invalid is not None]
-        if chunk.result is None and not delta and not any(e.call or e.invalid for e in events):
-            return None
-        message = assistant_message(self._text, self._calls, self._invalid)
-        if chunk.result is None:
-            return ChatResponse(message=message, delta=delta)
-        return ChatResponse(
-            message=message,
-            delta=delta,
-            raw=raw_response(chunk.result, self._model_name, bool(self._calls)),
-            additional_kwargs=token_counts(chunk.result),
-        )
 
 
 def first_call_only(response: ChatResponse) -> ChatResponse:

@@ -124,7 +124,7 @@ def test_streaming_is_incremental_and_adds_up_to_invoke(llm: ChatEnsemble) -> No
     assert merged.usage_metadata == whole.usage_metadata  # input tokens counted once in the stream
     assert [c.usage_metadata is not None for c in chunks].count(True) == 1
     assert whole.usage_metadata["input_tokens"] == len(
-        llm._get_ensemble().members[0].render([{"role": "user", "content": question}])
+        llm._get_ensemble().members[0].render([{"role": "user", "content": question}]).ids
     )
     metadata = whole.response_metadata
     assert metadata["model_provider"] == "ensemble-llm" and metadata["finish_reason"] in ("stop", "length")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -26,8 +27,9 @@ from llama_index.core.tools import FunctionTool
 from pydantic import ValidationError
 
 from ensemble_core import Ensemble, GenerationResult, GenerationStats, HFMember, MemberUsage, StreamChunk, Usage
+from ensemble_core.chat.tool_calls import CALL_CLOSE, forced_call_prefix
 from ensemble_core.errors import ConfigError
-from ensemble_core.tool_calls import CALL_CLOSE, forced_call_prefix
+from ensemble_core.results import MethodStats
 from llamaindex_ensemble import EnsembleLLM
 from llamaindex_ensemble.messages import to_core_messages
 
@@ -41,6 +43,15 @@ def multiply(a: int, b: int) -> int:
 
 
 MULTIPLY = FunctionTool.from_defaults(multiply)
+
+
+@dataclass
+class ScriptedStats(MethodStats):
+    """A method's figures, as a scripted reply reports them."""
+
+    @property
+    def share_ensembled(self) -> float | None:
+        return 0.25
 
 
 class ScriptedEnsemble(Ensemble):
@@ -66,7 +77,7 @@ class ScriptedEnsemble(Ensemble):
 
     def _result(self) -> GenerationResult:
         usage = Usage(7, 3, "scripted", {"scripted": MemberUsage(8, 3)})
-        stats = GenerationStats("single", 3, 0.5, {}, {"share_ensembled": 0.25})
+        stats = GenerationStats("single", 3, 0.5, {}, ScriptedStats())
         return GenerationResult("".join(self.pieces), "eos", usage, stats)
 
 
@@ -109,7 +120,7 @@ def test_construction_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"ensemble": "x"}, "Input should be an instance of Ensemble"),
         ({"models": PACKAGED, "method": "nonsense"}, "nonsense"),
         ({"models": []}, "non-empty list of model names"),
-        ({"models": PACKAGED, "temperature": -1.0}, "`temperature` has to be >= 0"),
+        ({"models": PACKAGED, "temperature": -1.0}, "`temperature` has to be"),
         ({"models": PACKAGED, "max_new_tokens": 0}, "`max_new_tokens` has to be a positive integer"),
         ({"models": PACKAGED, "context_window": 0}, "`context_window` has to be a positive number"),
         ({"models": PACKAGED, "max_tokens": 10}, "max_tokens"),

@@ -80,10 +80,10 @@ def recorder(llm: EnsembleLLM, monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder(ensemble, {m.name: [] for m in ensemble.members})
     for member in ensemble.members:
 
-        def render(prompt: Any, tools: Any = None, reply_prefix: str = "", member: Any = member) -> list[int]:
-            ids = type(member).render(member, prompt, tools, reply_prefix)
-            recorder.prompts[member.name].append(member.tokenizer.decode(ids))
-            return ids
+        def render(prompt: Any, tools: Any = None, reply_prefix: str = "", member: Any = member) -> Any:
+            rendered = type(member).render(member, prompt, tools, reply_prefix)
+            recorder.prompts[member.name].append(member.tokenizer.decode(rendered.ids))
+            return rendered
 
         monkeypatch.setattr(member, "render", render)
 
