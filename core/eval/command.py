@@ -1,0 +1,163 @@
+"""`ensemble-llm eval`: the command line of an evaluation (a YAML config, or lists of members,
+methods and tasks), checked before any model loads. (Imports nothing heavy until it runs, so the
+other commands stay quick.)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ensemble_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ensemble_core.eval.config import EvalConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="a YAML evaluation config (see examples/eval.yaml)")
+    parser.add_argument("--members", help="comma list of member aliases or models, e.g. qwen,smol,gemma")
+    parser.add_argument("--methods", help="comma list: single (each member alone), gac, unite, safe, ...")
+    parser.add_argument("--method-params", default="{}", help='JSON: method name -> parameters, e.g. {"gac": {}}')
+    parser.add_argument("--weights", default="equal", help="comma list of 'equal' and/or 'auto' (ensembles only)")
+    parser.add_argument(
+        "--tasks", help="comma list of task[:style][:seedN][@problems], e.g. humaneval:raw@0-39,arithmetic@50"
+    )
+    parser.add_argument("--boundary", choices=["correct", "retokenize"], default="correct")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="output folder (records.jsonl, report.md, plots/)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (one line per finished cell)")
+    parser.add_argument("--report-only", action="store_true", help="write the report from the records; run nothing")
+    parser.add_argument("--no-plots", action="store_true")
+
+
+def config_from(args: argparse.Namespace) -> EvalConfig:
+    """The evaluation the arguments describe (YAML, or the lists), fully checked."""
+    from ensemble_core.eval.config import build_config, load_config
+
+    overrides: dict[str, Any] = {}
+    if args.out is not None:
+        overrides["output"] = str(args.out)
+    if args.batch_size is not None:
+        overrides["batch_size"] = args.batch_size
+    if args.config is not None:
+        if args.members or args.methods or args.tasks:
+            raise ConfigError("Give either --config or --members/--methods/--tasks, not both.")
+        config = load_config(args.config)
+        return (
+            build_config({**config.model_dump(mode="json"), **overrides}, where=str(args.config))
+            if overrides
+            else config
+        )
+    if not (args.members and args.methods and args.tasks):
+        raise ConfigError("Give --config FILE, or all of --members, --methods and --tasks.")
+    return build_config(
+        {
+            "tasks": [_task(part) for part in _split(args.tasks)],
+            "configurations": _configurations(args),
+            "output": "eval-results/cli",
+            **overrides,
+        },
+        where="the command line",
+    )
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _task(text: str) -> dict[str, Any]:
+    name, _, problems = text.partition("@")
+    parts = name.split(":")
+    spec: dict[str, Any] = {"task": parts[0]}
+    for part in parts[1:]:
+        if part.startswith("seed") and part[4:].isdigit():
+            spec["seed"] = int(part[4:])
+        else:
+            spec["style"] = part
+    if problems:
+        spec["problems"] = int(problems) if problems.isdigit() else problems
+    return spec
+
+
+def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
+    try:
+        params = json.loads(args.method_params)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--method-params is not JSON: {error}") from None
+    if not isinstance(params, dict):
+        raise ConfigError('--method-params must be a JSON object: method name -> parameters, e.g. {"gac": {}}.')
+    members = _split(args.members)
+    weightings = _split(args.weights)
+    unknown = set(weightings) - {"equal", "auto"}
+    if unknown:
+        raise ConfigError(f"--weights takes 'equal' and/or 'auto', not {sorted(unknown)}.")
+    found = []
+    for method in _split(args.methods):
+        base = {"members": members, "method": method, "params": params.get(method, {}), "boundary": args.boundary}
+        if method == "single":
+            found.append(base)
+            continue
+        for weighting in weightings:
+            found.append({**base, "weights": None if weighting == "equal" else "auto"})
+    return found
+
+
+def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    from ensemble_core.eval.output import write_report
+    from ensemble_core.eval.runner import Evaluation
+
+    config = config_from(args)
+    evaluation = Evaluation(config, quiet=args.quiet)
+    evaluation.cells()  # fingerprints checked before anything loads
+    command = "ensemble-llm " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    if not args.report_only:
+        try:
+            evaluation.run()
+        except KeyboardInterrupt:
+            sys.stderr.write(
+                f"\ninterrupted: {len(evaluation.records.records)} records are kept in {evaluation.path}; "
+                "run the same command again to resume.\n"
+            )
+            return 130
+    path = write_report(config, evaluation.records, command, plots=not args.no_plots)
+    sys.stdout.write(f"report: {path}\nrecords: {evaluation.path}\n")
+    return 0
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, required=True, help="the YAML evaluation config to calibrate within")
+    parser.add_argument("--configuration", required=True, help="the name of the configuration to calibrate")
+    parser.add_argument(
+        "--task", required=True, help="held-out slice: task[:style][:seedN]@problems, e.g. gsm8k:raw@1000-1039"
+    )
+    parser.add_argument(
+        "--write", type=Path, default=None, help="the YAML to write (default: <config>.calibrated.yaml)"
+    )
+    parser.add_argument("--quiet", action="store_true")
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    from ensemble_core.eval.calibrate import Calibration, write_calibrated
+    from ensemble_core.eval.config import TaskSpec, load_config
+
+    config = load_config(args.config)
+    task = TaskSpec(**_task(args.task))
+    if task.problems is None:
+        raise ConfigError("--task needs its held-out problems after '@', e.g. gsm8k:raw@1000-1039.")
+    calibration = Calibration(config, args.configuration, task, Path(config.output) / "calibration", args.quiet)
+    try:
+        chosen, rows = calibration.run()
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted: the candidates' records are kept; run the same command again to resume.\n")
+        return 130
+    target = args.write or args.config.with_suffix(".calibrated.yaml")
+    write_calibrated(args.config, chosen, rows, target, task)
+    for row in rows:
+        sys.stdout.write(f"{row.config}: {row.correct}/{row.total}\n")
+    sys.stdout.write(f"chosen: {chosen.model_dump(exclude_defaults=True)}\nwritten: {target}\n")
+    return 0

@@ -1,0 +1,171 @@
+"""The report of an evaluation: a markdown table per task, paired comparisons, and plots.
+
+Per configuration and task: accuracy with its 95% interval, the paired comparison with the best
+of the configuration's own members on the same problems (won / lost, sign-test p; a difference
+that could be noise reads "tie"), cost (ms per reply token over whole batches, as run), the
+share of tokens several members decided, and each member's forward seconds per reply token.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ensemble_core.eval.records import Record
+from ensemble_core.eval.stats import Paired, paired, wilson
+
+REPORT_FILE = "report.md"
+
+
+@dataclass
+class Row:
+    """One configuration on one task, summarised."""
+
+    config: str
+    task: str
+    members: tuple[str, ...]
+    alone: bool
+    correct: int
+    total: int
+    outcomes: dict[str, bool]
+    tokens: int
+    seconds: float
+    member_seconds: dict[str, float]
+    share_ensembled: float | None
+    flags: dict[str, int] = field(default_factory=dict)
+    best_member: str | None = None
+    versus_best: Paired | None = None
+    details: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.correct, self.total)
+
+    @property
+    def ms_per_token(self) -> float | None:
+        return 1000 * self.seconds / self.tokens if self.tokens else None
+
+    @property
+    def ms_per_problem(self) -> float:
+        return 1000 * self.seconds / self.total if self.total else 0.0
+
+
+def summarise(records: Iterable[Record], members_of: dict[str, tuple[str, ...]]) -> dict[str, list[Row]]:
+    """Rows per task, in the order configurations first appear; `members_of` maps a
+    configuration name to its member aliases (to find its members' own rows)."""
+    grouped: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for record in records:
+        grouped[(record.task, record.config)].append(record)
+    by_task: dict[str, list[Row]] = defaultdict(list)
+    for (task, config), group in grouped.items():
+        by_task[task].append(_row(task, config, group, members_of.get(config, ())))
+    for rows in by_task.values():
+        _compare_with_best_member(rows)
+    return dict(by_task)
+
+
+def _row(task: str, config: str, group: list[Record], members: tuple[str, ...]) -> Row:
+    batches: dict[int, Record] = {}
+    for record in group:
+        batches.setdefault(record.batch, record)
+    member_seconds: dict[str, float] = defaultdict(float)
+    for record in batches.values():
+        for name, seconds in record.member_seconds.items():
+            member_seconds[name] += seconds
+    shares = [r.share_ensembled for r in group if r.share_ensembled is not None]
+    flags: dict[str, int] = defaultdict(int)
+    for record in group:
+        for flag in record.flags:
+            flags[flag] += 1
+    return Row(
+        config=config,
+        task=task,
+        members=members,
+        alone=config.endswith(" alone") or config.endswith(" alone [retokenize]"),
+        correct=sum(r.correct for r in group),
+        total=len(group),
+        outcomes={r.item: r.correct for r in group},
+        tokens=sum(r.tokens for r in group),
+        seconds=sum(r.batch_seconds for r in batches.values()),
+        member_seconds=dict(member_seconds),
+        share_ensembled=sum(shares) / len(shares) if shares else None,
+        flags=dict(flags),
+    )
+
+
+def _compare_with_best_member(rows: list[Row]) -> None:
+    """Each ensemble row against the best row among its members alone (same task, same problems)."""
+    alone = {row.members[0]: row for row in rows if row.alone and len(row.members) == 1}
+    for row in rows:
+        if row.alone or not row.members:
+            continue
+        mine = [alone[m] for m in row.members if m in alone]
+        if not mine:
+            continue
+        best = max(mine, key=lambda r: (r.accuracy, -row.members.index(r.members[0])))
+        row.best_member = best.config
+        row.versus_best = paired(row.outcomes, best.outcomes)
+
+
+def render(
+    rows_by_task: dict[str, list[Row]], sources: dict[str, str], plots: dict[str, list[Path]], command: str, out: Path
+) -> str:
+    """The markdown report (plots linked relative to `out`)."""
+    lines = [
+        "# Evaluation report",
+        "",
+        f"Made {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.machine()} "
+        f"({platform.processor() or 'unknown processor'}), Python {platform.python_version()}.",
+        "",
+        f"Reproduce with: `{command}`",
+        "",
+        "Accuracy with a 95% Wilson interval. *vs best member*: the configuration against the best of its own "
+        "members alone on the same problems: problems won / lost, exact sign-test p; `tie` unless p < 0.05. "
+        "Cost is wall time of whole batches (as run) per reply token, counted in the method's reference "
+        "member's tokens; *member s/token*: each member's forward seconds per reply token.",
+        "",
+    ]
+    for task, rows in rows_by_task.items():
+        lines += [f"## {task}", "", f"Data: {sources.get(task, 'unknown')}.", ""]
+        lines += table(rows)
+        for plot in plots.get(task, []):
+            lines += ["", f"![{plot.stem}]({plot.relative_to(out).as_posix()})"]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def table(rows: Sequence[Row]) -> list[str]:
+    """The markdown table of one task's rows."""
+    options = all(r.tokens == 0 for r in rows)
+    cost = "ms / problem" if options else "ms / token"
+    flagged = sorted({flag for row in rows for flag in row.flags})
+    header = ["configuration", "accuracy", "95% CI", "vs best member (won/lost, p)", cost, "share ensembled"]
+    header += [f"replies with {flag.replace('_', ' ')}" for flag in flagged]
+    lines = ["| " + " | ".join([*header, "member s/token"]) + " |", "|---" * (len(header) + 1) + "|"]
+    for row in rows:
+        low, high = row.interval
+        versus = ""
+        if row.versus_best is not None:
+            v = row.versus_best
+            versus = f"{v.verdict} vs {row.best_member}: +{v.won}/-{v.lost}, p={v.p_value:.2f}"
+        spend = f"{row.ms_per_problem:.0f}" if options else (f"{row.ms_per_token:.0f}" if row.ms_per_token else "")
+        share = "" if row.share_ensembled is None or row.alone else f"{row.share_ensembled:.0%}"
+        per_member = (
+            ", ".join(f"{name} {seconds / row.tokens:.3f}" for name, seconds in row.member_seconds.items())
+            if row.tokens
+            else ""
+        )
+        symptoms = "".join(f" {row.flags.get(flag, 0)} |" for flag in flagged)
+        lines.append(
+            f"| {row.config} | {row.correct}/{row.total} = {row.accuracy:.1%} | {low:.0%}-{high:.0%} | {versus} "
+            f"| {spend} | {share} |{symptoms} {per_member} |"
+        )
+    return lines

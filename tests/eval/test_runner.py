@@ -1,0 +1,101 @@
+"""The evaluation end to end on two small real members: records, resume, report and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import packaged_member
+
+from ensemble_core import HFMember
+from ensemble_core.errors import ConfigError
+from ensemble_core.eval.config import build_config
+from ensemble_core.eval.output import write_report
+from ensemble_core.eval.runner import Evaluation
+
+pytestmark = pytest.mark.packaged
+
+MEMBERS = {"smol": "smollm2-135m-instruct", "gemma": "gemma-3-270m"}
+
+
+def smoke(out: Path, **changes) -> dict:
+    return {
+        "members": MEMBERS,
+        "output": str(out),
+        "batch_size": 2,
+        "tasks": [
+            {"task": "arithmetic", "problems": 3, "max_new_tokens": 24},
+            {"task": "arc_challenge", "style": "options", "problems": 3},
+        ],
+        "configurations": [
+            {"members": ["smol", "gemma"], "method": "single"},
+            {"members": ["smol", "gemma"], "method": "gac"},
+        ],
+        **changes,
+    }
+
+
+class CountingLoader:
+    """The session's packaged members, counting loads (a resumed run that has nothing to do loads none)."""
+
+    def __init__(self) -> None:
+        self.loads: list[str] = []
+
+    def __call__(self, alias: str, model: str) -> HFMember:
+        self.loads.append(alias)
+        loaded = packaged_member(model)
+        return HFMember(loaded.model, loaded.tokenizer, name=alias)  # the same weights, under the alias
+
+
+def test_an_evaluation_writes_one_record_per_configuration_task_and_problem(tmp_path: Path) -> None:
+    config = build_config(smoke(tmp_path))
+    loader = CountingLoader()
+    records = Evaluation(config, quiet=True, loader=loader).run()
+    keys = {(r.config, r.task, r.item) for r in records}
+    assert len(keys) == 3 * 2 * 3  # smol alone, gemma alone, gac x two tasks x three problems
+    arithmetic = [r for r in records if r.task == "arithmetic:raw:seed0:max24"]
+    assert all(
+        r.tokens > 0 and r.batch_seconds > 0 and r.finish_reason in ("stop", "length", "eos") for r in arithmetic
+    )
+    gac = [r for r in arithmetic if r.config == "gac(smol+gemma)"]
+    assert all(0.0 <= r.share_ensembled <= 1.0 and r.method_stats["steps"] > 0 for r in gac)
+    assert set(gac[0].member_seconds) == {"smol", "gemma"}
+    options = [r for r in records if r.task == "arc_challenge:options"]
+    assert all(len(r.options) == 4 and abs(sum(r.options) - 1) < 1e-4 and r.tokens == 0 for r in options)
+    assert all(r.correct == (r.reply.strip() == r.answer) for r in options)
+    assert sorted(set(loader.loads)) == ["gemma", "smol"]  # each member loaded once for every configuration
+
+    again = CountingLoader()
+    Evaluation(config, quiet=True, loader=again).run()
+    assert again.loads == []  # everything is on file: nothing runs
+
+    path = write_report(config, records, "ensemble-llm eval --config smoke.yaml")
+    report = path.read_text()
+    assert "## arithmetic:raw:seed0:max24" in report and "## arc_challenge:options" in report
+    assert "vs smol alone" in report or "vs gemma alone" in report
+    assert (tmp_path / "plots" / "arithmetic_raw_seed0_max24-accuracy.png").stat().st_size > 1000
+    assert "](plots/arithmetic_raw_seed0_max24-cost.png)" in report
+
+
+def test_an_interrupted_evaluation_resumes_where_it_stopped(tmp_path: Path) -> None:
+    config = build_config(smoke(tmp_path, configurations=[{"members": ["smol"], "method": "single"}]))
+    Evaluation(config, quiet=True, loader=CountingLoader()).run()
+    path = tmp_path / "records.jsonl"
+    lines = path.read_text().splitlines()
+    kept, lost = lines[:2], json.loads(lines[2])
+    path.write_text("\n".join(kept) + "\n" + lines[2][:40])  # killed while writing the third record
+    loader = CountingLoader()
+    records = Evaluation(config, quiet=True, loader=loader).run()
+    assert loader.loads == ["smol"]
+    assert len(records.records) == len(lines)
+    redone = records.records[(lost["config"], lost["task"], lost["item"])]
+    assert redone.reply == lost["reply"]  # greedy: the same problem gives the same reply again
+
+
+def test_a_changed_configuration_under_an_old_name_is_refused(tmp_path: Path) -> None:
+    first = build_config(smoke(tmp_path, configurations=[{"name": "mine", "members": ["smol"]}]))
+    Evaluation(first, quiet=True, loader=CountingLoader()).run()
+    changed = build_config(smoke(tmp_path, configurations=[{"name": "mine", "members": ["gemma"]}]))
+    with pytest.raises(ConfigError, match="different definition"):
+        Evaluation(changed, quiet=True, loader=CountingLoader()).cells()
