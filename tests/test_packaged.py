@@ -16,8 +16,10 @@ from ensemble_core.errors import MissingPackageError, ModelLoadError, UnknownNam
 SMOL = "smollm2-135m-instruct"
 
 
-def test_every_packaged_model_is_prepared_as_a_plain_hf_folder() -> None:
-    for name in packaged.packaged_names():
+def test_every_default_model_is_prepared_as_a_plain_hf_folder() -> None:
+    assert packaged.default_names() == ["smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-0.5b-instruct"]
+    assert packaged.get_packaged("qwen2.5-coder-1.5b-instruct").optional  # prepared only on request
+    for name in packaged.default_names():
         folder = packaged.model_path(name)
         assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
         assert (folder / "tokenizer.json").is_file()
