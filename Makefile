@@ -11,7 +11,7 @@ demo:
 
 test:
 	bash scripts/setup.sh --test
-	.venv/bin/ruff check core langchain_ensemble llamaindex_ensemble tests benchmarks examples
+	.venv/bin/ruff check core langchain_ensemble llamaindex_ensemble tests benchmarks examples scripts
 	.venv/bin/python -m pytest -q
 
 bench:

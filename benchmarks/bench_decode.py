@@ -33,8 +33,8 @@ def measure(name: str, tokens: int, rounds: int) -> dict[str, float | int | str]
 
     hf_logging.disable_progress_bar()
     member = HFMember.from_pretrained(name, device="cpu")
-    ensemble = Ensemble([member], method="single")
-    ids = member.render(PROMPT)
+    ensemble = Ensemble([member], method="single", boundary="retokenize")  # exactly what generate does
+    ids = member.render(PROMPT).ids
     inputs = torch.tensor([ids])
     mask = torch.ones_like(inputs)
 

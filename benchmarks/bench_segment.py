@@ -72,7 +72,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     members = [HFMember.from_pretrained(n, device="cpu") for n in NAMES]
     prompt = long_prompt(members[0].tokenizer)
-    lengths = [len(m.render(prompt)) for m in members]
+    lengths = [len(m.render(prompt).ids) for m in members]
 
     no_exit = Ensemble(members, method=SpecFuse(exit=False, unit="tokens"))
     no_exit.generate(prompt, max_new_tokens=10)  # warm-up
@@ -80,7 +80,7 @@ def main() -> None:
     def timed_rounds(rounds: int) -> tuple[float, int]:
         started = time.perf_counter()
         result = no_exit.generate(prompt, max_new_tokens=10 * rounds)
-        return time.perf_counter() - started, result.stats.method_stats["rounds"]
+        return time.perf_counter() - started, result.stats.method_stats.rounds
 
     # The one prefill of the prompt is paid once per generation, not per round: a steady
     # round is the difference between a long and a one-round generation, per extra round.
@@ -88,7 +88,7 @@ def main() -> None:
     many, many_rounds = timed_rounds(args.rounds + 1)
     ours_round = (many - one) / (many_rounds - one_rounds)
 
-    contexts = [m.render(prompt) for m in members]
+    contexts = [m.render(prompt).ids for m in members]
     started = time.perf_counter()
     for _ in range(args.rounds):
         winner = reference_round(members, contexts, 10)
@@ -116,8 +116,8 @@ def main() -> None:
     print(f"| SpecFuse with exit, per token | {fused_per_token * 1e3:.0f} ms | |")
     print(f"| sum of the members' own cached decode, per token | {own * 1e3:.0f} ms | |")
     print(f"| SpecFuse with exit / sum of members | {fused_per_token / own:.2f}x | <= 2.0x |")
-    per_round = fused.stats.method_stats["per_round"]
-    drafting = sum(len(r["drafters"]) for r in per_round) / len(per_round)
+    per_round = fused.stats.method_stats.per_round
+    drafting = sum(len(r.drafters) for r in per_round) / len(per_round)
     print(f"| members drafting per round (SpecFuse with exit) | {drafting:.1f} | |")
 
 

@@ -30,10 +30,10 @@ _UNION_PROBE = """
 import time, os
 os.environ["HF_HUB_OFFLINE"] = "1"
 from transformers import AutoConfig, AutoTokenizer
-from ensemble_core.chat import chat_end_token_ids
+from ensemble_core.chat.templates import chat_end_token_ids
 from ensemble_core.packaged import model_path
 from ensemble_core.vocab import token_table
-from ensemble_core.union import build_union
+from ensemble_core.vocab.union import build_union
 names = %r
 tables, eos, widths = [], [], []
 for name in names:
@@ -96,7 +96,7 @@ def table(title: str, names: list[str], t: dict[str, float], results: dict[str, 
         ("safe", f"SAFE (drafter {short}) vs {short} alone"),
         ("gate", f"GaC gate 0.5 vs {short} alone"),
     ):
-        share = results[key].stats.method_stats["share_ensembled"]
+        share = results[key].stats.method_stats.share_ensembled
         # The forwards no implementation can avoid at this share: the drafter/primary on
         # every token, the others on the ensembled ones.
         floor = t[names[0]] + share * sum(t[n] for n in names[1:])

@@ -15,4 +15,4 @@ members = [
 ]
 for method in (SweetSpan(span_words=4), SpecFuse(segment_tokens=10), SpecFuse(hedge_eta=1.0)):
     result = Ensemble(members, method=method).generate("Once upon a time,", max_new_tokens=32)
-    print(method, result.text, [r["winner"] for r in result.stats.method_stats["per_round"]])
+    print(method, result.text, [r.winner for r in result.stats.method_stats.per_round])

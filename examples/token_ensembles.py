@@ -17,4 +17,4 @@ gemma = HFMember.from_pretrained("gemma-3-270m")  # three tokenizer families
 prompt = "Once upon a time, in a small village,"
 for method in (GaC(), GaC(threshold=0.5, primary="qwen"), UniTE(top_k=10), SAFE(drafter="qwen")):
     result = Ensemble([qwen, smol, gemma], method=method).generate(prompt, max_new_tokens=24)
-    print(method, result.text, result.stats.method_stats["share_ensembled"])
+    print(method, result.text, result.stats.method_stats.share_ensembled)

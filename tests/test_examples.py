@@ -42,8 +42,8 @@ def test_example_runs(script: str) -> None:
 
 
 @pytest.mark.packaged
-@pytest.mark.parametrize("marker", ["ChatEnsemble(", "EnsembleLLM("])
-def test_readme_adapter_snippets_run_as_written(marker: str) -> None:
+@pytest.mark.parametrize("marker", ["ChatEnsemble(", "EnsembleLLM(", "FakeMember.scripted("])
+def test_readme_snippets_run_as_written(marker: str) -> None:
     readme = (EXAMPLES.parent / "README.md").read_text()
     [snippet] = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if marker in block]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
