@@ -25,7 +25,7 @@ def smoke(out: Path, **changes) -> dict:
         "output": str(out),
         "batch_size": 2,
         "tasks": [
-            {"task": "arithmetic", "problems": 3, "max_new_tokens": 24},
+            {"task": "arithmetic", "problems": 3, "max_new_tokens": 12},
             {"task": "arc_challenge", "style": "options", "problems": 3},
         ],
         "configurations": [
@@ -54,7 +54,7 @@ def test_an_evaluation_writes_one_record_per_configuration_task_and_problem(tmp_
     records = Evaluation(config, quiet=True, loader=loader).run()
     keys = {(r.config, r.task, r.item) for r in records}
     assert len(keys) == 3 * 2 * 3  # smol alone, gemma alone, gac x two tasks x three problems
-    arithmetic = [r for r in records if r.task == "arithmetic:raw:seed0:max24"]
+    arithmetic = [r for r in records if r.task == "arithmetic:raw:seed0:max12"]
     assert all(
         r.tokens > 0 and r.batch_seconds > 0 and r.finish_reason in ("stop", "length", "eos") for r in arithmetic
     )
@@ -72,10 +72,10 @@ def test_an_evaluation_writes_one_record_per_configuration_task_and_problem(tmp_
 
     path = write_report(config, records, "ensemble-llm eval --config smoke.yaml")
     report = path.read_text()
-    assert "## arithmetic:raw:seed0:max24" in report and "## arc_challenge:options" in report
+    assert "## arithmetic:raw:seed0:max12" in report and "## arc_challenge:options" in report
     assert "vs smol alone" in report or "vs gemma alone" in report
-    assert (tmp_path / "plots" / "arithmetic_raw_seed0_max24-accuracy.png").stat().st_size > 1000
-    assert "](plots/arithmetic_raw_seed0_max24-cost.png)" in report
+    assert (tmp_path / "plots" / "arithmetic_raw_seed0_max12-accuracy.png").stat().st_size > 1000
+    assert "](plots/arithmetic_raw_seed0_max12-cost.png)" in report
 
 
 def test_an_interrupted_evaluation_resumes_where_it_stopped(tmp_path: Path) -> None:

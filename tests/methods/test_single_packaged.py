@@ -33,17 +33,18 @@ def test_greedy_single_equals_hf_generate_token_for_token(name: str, prompt_inde
     member = packaged_member(name)
     prompt = prompts_for(name)[prompt_index]
     ensemble = Ensemble([member], method=Single(), boundary="retokenize")
-    result = ensemble.generate(prompt, max_new_tokens=64)
-    expected = hf_greedy_generate(member, member.render(prompt).ids, 64)
+    result = ensemble.generate(prompt, max_new_tokens=40)
+    expected = hf_greedy_generate(member, member.render(prompt).ids, 40)
     ours = result.token_ids[member.name]
     if result.finish_reason == "eos":
         ours = [*ours, expected[len(ours)]]
         assert expected[len(ours) - 1] in member.eos_token_ids
     assert ours == expected
     assert result.usage.completion_tokens == len(expected)
-    streamed = list(ensemble.stream(prompt, max_new_tokens=64))
-    assert "".join(c.text for c in streamed) == result.text
-    assert streamed[-1].result is not None and streamed[-1].result.token_ids == result.token_ids
+    if prompt_index == 0:  # streaming shares the decode loop: one prompt per model shows it
+        streamed = list(ensemble.stream(prompt, max_new_tokens=40))
+        assert "".join(c.text for c in streamed) == result.text
+        assert streamed[-1].result is not None and streamed[-1].result.token_ids == result.token_ids
     if not isinstance(prompt, str):  # a chat prompt ends at its template: nothing to re-read
-        corrected = Ensemble([member], method=Single()).generate(prompt, max_new_tokens=64)
+        corrected = Ensemble([member], method=Single()).generate(prompt, max_new_tokens=40)
         assert corrected.token_ids == result.token_ids

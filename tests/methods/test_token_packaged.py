@@ -48,15 +48,16 @@ def test_the_gate_consults_the_others_only_when_the_primary_is_unsure() -> None:
         assert member_stats.forwarded_tokens <= 3 * (prompt_tokens + len(result.token_ids[name]) + 8)
 
 
-@pytest.mark.parametrize("prompt", RAW_PROMPTS[:2])
-def test_safe_skips_lose_nothing_and_where_drafts_end_changes_nothing(prompt: str, float32_members) -> None:
+def test_safe_skips_lose_nothing_and_where_drafts_end_changes_nothing(float32_members) -> None:
     """Skipping is exact (the skipped piece IS the ensemble's argmax), and every decision depends
-    only on the text before it, so ending drafts early (`confident_drafts`) changes no text."""
+    only on the text before it, so ending drafts early (`confident_drafts`) changes no text
+    (on real models here; tests/methods/test_safe_rounds.py varies the round shapes more widely)."""
+    prompt = RAW_PROMPTS[1]  # code: the prompt-end correction is in play
     members = float32_members
     base = {"drafter": "qwen", "sharpen": None}
     texts = {
         (skip, confident): Ensemble(members, method=SAFE(skip_tests=skip, confident_drafts=confident, **base))
-        .generate(prompt, max_new_tokens=32)
+        .generate(prompt, max_new_tokens=24)
         .text
         for skip, confident in ((True, 0.5), (True, None), (False, 0.5))
     }
