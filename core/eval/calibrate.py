@@ -12,7 +12,7 @@ token), then to the earlier (simpler) one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,15 @@ def _overlaps(config: EvalConfig, task: TaskSpec) -> bool:
 class Calibration:
     """One calibration run (see the module docstring)."""
 
-    def __init__(self, config: EvalConfig, name: str, task: TaskSpec, out: Path, quiet: bool = False):
+    def __init__(
+        self,
+        config: EvalConfig,
+        name: str,
+        task: TaskSpec,
+        out: Path,
+        quiet: bool = False,
+        loader: Callable[[str, str], object] | None = None,
+    ):
         found = [spec for spec in config.expanded() if spec.label() == name]
         if not found:
             known = ", ".join(repr(spec.label()) for spec in config.expanded())
@@ -73,7 +81,7 @@ class Calibration:
                 f"The calibration slice of {task.task!r} overlaps the slice the config evaluates; pick problems "
                 "outside it (e.g. --task gsm8k:raw@1000-1039), so reported results are not tuned on."
             )
-        self.config, self.task, self.out, self.quiet = config, task, out, quiet
+        self.config, self.task, self.out, self.quiet, self.loader = config, task, out, quiet, loader
 
     def _evaluate(self, candidates: list[ConfigurationSpec], stage: str) -> list[Row]:
         data = self.config.model_dump(mode="json")
@@ -83,7 +91,7 @@ class Calibration:
             output=str(self.out / stage),
         )
         config = build_config(data, where="the calibration")
-        records = Evaluation(config, quiet=self.quiet).run()
+        records = Evaluation(config, quiet=self.quiet, loader=self.loader).run()
         labels = {c.label() for c in candidates}
         rows = summarise((r for r in records if r.config in labels), {c.label(): tuple(c.members) for c in candidates})
         [found] = rows.values()

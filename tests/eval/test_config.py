@@ -74,3 +74,14 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
 def test_the_example_configs_are_valid(name: str) -> None:
     checked = load_config(EXAMPLES / name)
     assert checked.expanded() and checked.tasks
+
+
+def test_the_python_api_names_resolve_to_the_command_lines_own_objects() -> None:
+    import ensemble_core.eval as api
+    from ensemble_core.eval.config import load_config
+    from ensemble_core.eval.runner import Evaluation
+
+    assert api.load_config is load_config and api.Evaluation is Evaluation
+    assert all(getattr(api, name) is not None for name in api.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'evaluate'"):
+        _ = api.evaluate

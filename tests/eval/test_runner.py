@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import packaged_member
 
 from ensemble_core import HFMember
 from ensemble_core.errors import ConfigError
-from ensemble_core.eval.config import build_config
+from ensemble_core.eval.calibrate import Calibration, write_calibrated
+from ensemble_core.eval.config import TaskSpec, build_config, load_config
 from ensemble_core.eval.output import write_report
 from ensemble_core.eval.runner import Evaluation
 
@@ -99,3 +101,29 @@ def test_a_changed_configuration_under_an_old_name_is_refused(tmp_path: Path) ->
     changed = build_config(smoke(tmp_path, configurations=[{"name": "mine", "members": ["gemma"]}]))
     with pytest.raises(ConfigError, match="different definition"):
         Evaluation(changed, quiet=True, loader=CountingLoader()).cells()
+
+
+def test_calibration_picks_on_a_held_out_slice_and_writes_the_choice_into_the_yaml(tmp_path: Path) -> None:
+    source = tmp_path / "eval.yaml"
+    data = smoke(tmp_path / "results", tasks=[{"task": "arc_challenge", "style": "options", "problems": "0-2"}])
+    data["configurations"] = [{"name": "pair", "members": ["smol", "gemma"], "method": "gac"}]
+    source.write_text(yaml.safe_dump(data))
+    config = load_config(source)
+    with pytest.raises(ConfigError, match="overlaps"):
+        Calibration(config, "pair", TaskSpec(task="arc_challenge", style="options", problems="2-4"), tmp_path)
+    with pytest.raises(ConfigError, match="No configuration named"):
+        Calibration(config, "trio", TaskSpec(task="arc_challenge", style="options", problems="10-13"), tmp_path)
+    held_out = TaskSpec(task="arc_challenge", style="options", problems="10-13")
+    calibration = Calibration(config, "pair", held_out, tmp_path / "calibration", quiet=True, loader=CountingLoader())
+    chosen, rows = calibration.run()
+    assert len(rows) == 9  # GaC has no role setting: equal, two rules, each member leading at 0.5/0.7/0.9
+    assert all(row.total == 4 for row in rows)
+    shown = str(chosen.weights or "equal")
+    chosen_row = next(row for row in rows if row.config.split(": ", 1)[1] == shown)
+    assert chosen_row.correct == max(row.correct for row in rows)  # the best on the held-out slice
+    target = tmp_path / "eval.calibrated.yaml"
+    write_calibrated(source, chosen, rows, target, held_out)
+    written = load_config(target)  # still a valid config, the calibrated configuration added
+    assert [c.label() for c in written.configurations] == ["pair", "pair calibrated"]
+    assert written.configurations[1].weights == chosen.weights
+    assert target.read_text().startswith("# calibrated on arc_challenge:options@10-13")
