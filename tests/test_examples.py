@@ -37,6 +37,7 @@ def test_example_runs(script: str) -> None:
         assert done.stdout.count("tokens/s") == 3  # one report per packaged model
     if script == "langchain_chain.py":
         assert "=== streamed answer" in done.stdout and "share of tokens decided" in done.stdout
+        assert "Geners" not in done.stdout  # the word Qwen and SmolLM2 split differently (issue 11)
     if script == "langchain_agent.py":
         assert "[tool] " in done.stdout  # the Python tool ran on the call the model made
 
