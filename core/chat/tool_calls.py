@@ -29,6 +29,7 @@ from ensemble_core.errors import ConfigError
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
+CLOSING_TAG = "</"
 _FENCE = "```"
 _NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
 
@@ -268,11 +269,18 @@ def forced_call_prefix(tools: Sequence[Mapping[str, Any]], choice: str) -> str:
         if len(by_name) != 1:
             return f'{CALL_OPEN}\n{{"name": "'
         choice = next(iter(by_name))
-    takes_arguments = bool((by_name[choice].get("parameters") or {}).get("properties"))
     # A tool without declared arguments gets its (empty) arguments written for it: given a bare
     # `{`, small models copy the schema (`{"properties": {}, "type": "object"}`) into the call.
-    arguments = '{"' if takes_arguments else "{}}"
+    arguments = '{"' if _takes_arguments(by_name[choice]) else "{}}"
     return f'{CALL_OPEN}\n{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": {arguments}'
+
+
+def _function(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
+    return next(t["function"] for t in tools if t["function"]["name"] == name)
+
+
+def _takes_arguments(function: Mapping[str, Any]) -> bool:
+    return bool((function.get("parameters") or {}).get("properties"))
 
 
 def resolve_tool_choice(choice: Any, names: Sequence[str], required: bool = False) -> str | None:
@@ -337,8 +345,12 @@ def plan_tools(
     reads the unclosed call as closed).
     """
     offered = [dict(t) for t in tools] if tools and choice != "none" else None
-    if offered and choice == "any" and len(offered) > 1:
-        choice = pick_tool(offered)
+    if offered and choice == "any":
+        choice = pick_tool(offered) if len(offered) > 1 else offered[0]["function"]["name"]
     prefix = forced_call_prefix(offered, choice) if offered and choice else ""
     stops = [*stop, *([CALL_CLOSE] if offered and not parallel_calls else [])]
+    if offered and choice and not _takes_arguments(_function(offered, choice)):
+        # The prefix holds the whole call; all that may follow is its closing tag, which small
+        # models misspell (`</tools>`): the first closing tag of any kind ends the reply.
+        stops.append(CLOSING_TAG)
     return ToolPlan(offered, prefix, stops)

@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ensemble_core.eval.config import ConfigurationSpec, EvalConfig
 from ensemble_core.eval.records import Record, RecordFile
 from ensemble_core.eval.tasks import OPTIONS_STYLE, Item, Task
-from ensemble_core.eval.tasks.base import select
+from ensemble_core.eval.tasks.base import Outcome, select
 
 RECORDS_FILE = "records.jsonl"
 
@@ -123,17 +124,11 @@ class Evaluation:
         for item, result in zip(chunk, results, strict=True):
             outcome = cell.task.score(item, result.text)
             records.append(
-                Record(
-                    config=cell.name,
-                    fingerprint=cell.fingerprint,
-                    task=cell.task.key,
-                    item=item.id,
-                    correct=outcome.correct,
-                    extracted=outcome.extracted,
-                    detail=outcome.detail,
-                    prompt=_plain(item.prompt),
+                _record(
+                    cell,
+                    item,
+                    outcome,
                     reply=result.text,
-                    answer=item.answer,
                     finish_reason=result.finish_reason,
                     tokens=result.usage.completion_tokens,
                     batch=batch,
@@ -156,17 +151,11 @@ class Evaluation:
             choice = max(range(len(probs)), key=probs.__getitem__)
             outcome = cell.task.score_choice(item, choice)
             records.append(
-                Record(
-                    config=cell.name,
-                    fingerprint=cell.fingerprint,
-                    task=cell.task.key,
-                    item=item.id,
-                    correct=outcome.correct,
-                    extracted=outcome.extracted,
-                    detail=outcome.detail,
-                    prompt=_plain(item.prompt),
+                _record(
+                    cell,
+                    item,
+                    outcome,
                     reply=item.options[choice],
-                    answer=item.answer,
                     finish_reason=None,
                     tokens=0,
                     batch=batch,
@@ -189,6 +178,22 @@ class Evaluation:
         from ensemble_core import HFMember
 
         return HFMember.from_pretrained(model, device=self.config.device, dtype=self.config.dtype, name=alias)
+
+
+def _record(cell: Cell, item: Item, outcome: Outcome, **measured: Any) -> Record:
+    """A problem's record: what identifies and scores it, plus what the run measured."""
+    return Record(
+        config=cell.name,
+        fingerprint=cell.fingerprint,
+        task=cell.task.key,
+        item=item.id,
+        correct=outcome.correct,
+        extracted=outcome.extracted,
+        detail=outcome.detail,
+        prompt=_plain(item.prompt),
+        answer=item.answer,
+        **measured,
+    )
 
 
 def _plain(prompt) -> object:

@@ -186,3 +186,9 @@ def test_a_tool_plan_hides_forces_picks_and_stops() -> None:
     forced = plan_tools(tools, "any", parallel_calls=True, stop=[], pick_tool=pick)
     assert picked == [["get_weather", "add"]]
     assert forced.reply_prefix == forced_call_prefix(tools, "add") and forced.stop == []
+    # A tool without arguments: the prefix holds the whole call, so the first closing tag ends it
+    # (Qwen + SmolLM2 once wrote `\n</tools>` after `{"name": ..., "arguments": {}}`).
+    bare = plan_tools([tool("now")], "any", parallel_calls=True, stop=["x"], pick_tool=pick)
+    assert bare.reply_prefix == forced_call_prefix([tool("now")], "now") and bare.stop == ["x", "</"]
+    assert parse_reply(bare.reply_prefix + "\n", ["now"]).tool_calls[0].name == "now"
+    assert picked == [["get_weather", "add"]]  # one tool offered: nothing to pick

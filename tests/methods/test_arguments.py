@@ -19,7 +19,7 @@ def pair(tiny_member):
     [
         (lambda: GaC(weights=[1, -1]), ConfigError, r"`weights` must all be >= 0"),
         (lambda: GaC(weights=[0, 0]), ConfigError, "must not all be zero"),
-        (lambda: GaC(weights="1,0"), ConfigError, "must be a list of numbers"),
+        (lambda: GaC(weights="1,0"), ConfigError, "must be numbers \\(one per member\\)"),
         (lambda: GaC(threshold=0.0), ConfigError, r"`threshold` has to be in \(0, 1\], but is 0.0"),
         (lambda: GaC(threshold=1.5), ConfigError, r"`threshold` has to be in \(0, 1\]"),
         (lambda: GaC(primary="tiny-llama"), ConfigError, "only applies with a `threshold`"),
