@@ -19,7 +19,9 @@ def write_report(config: EvalConfig, records: RecordFile, command: str, plots: b
     tasks = [spec.build() for spec in config.tasks]
     wanted_configs = set(members_of)
     wanted_tasks = {task.key for task in tasks}
-    rows = summarise((r for r in records if r.config in wanted_configs and r.task in wanted_tasks), members_of)
+    boundary_of = {spec.label(): spec.boundary for spec in specs}
+    chosen = (r for r in records if r.config in wanted_configs and r.task in wanted_tasks)
+    rows = summarise(chosen, members_of, boundary_of)
     order = {label: index for index, label in enumerate(members_of)}
     ordered = {
         task.key: sorted(rows[task.key], key=lambda row: order[row.config]) for task in tasks if task.key in rows

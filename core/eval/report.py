@@ -37,6 +37,7 @@ class Row:
     member_seconds: dict[str, float]
     share_ensembled: float | None
     flags: dict[str, int] = field(default_factory=dict)
+    boundary: str = "correct"
     best_member: str | None = None
     versus_best: Paired | None = None
     details: dict[str, float] = field(default_factory=dict)
@@ -58,15 +59,22 @@ class Row:
         return 1000 * self.seconds / self.total if self.total else 0.0
 
 
-def summarise(records: Iterable[Record], members_of: dict[str, tuple[str, ...]]) -> dict[str, list[Row]]:
+def summarise(
+    records: Iterable[Record],
+    members_of: dict[str, tuple[str, ...]],
+    boundary_of: dict[str, str] | None = None,
+) -> dict[str, list[Row]]:
     """Rows per task, in the order configurations first appear; `members_of` maps a
-    configuration name to its member aliases (to find its members' own rows)."""
+    configuration name to its member aliases (to find its members' own rows), `boundary_of`
+    to its boundary handling (an ensemble is compared with its members under the same one)."""
     grouped: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for record in records:
         grouped[(record.task, record.config)].append(record)
     by_task: dict[str, list[Row]] = defaultdict(list)
     for (task, config), group in grouped.items():
-        by_task[task].append(_row(task, config, group, members_of.get(config, ())))
+        row = _row(task, config, group, members_of.get(config, ()))
+        row.boundary = (boundary_of or {}).get(config, "correct")
+        by_task[task].append(row)
     for rows in by_task.values():
         _compare_with_best_member(rows)
     return dict(by_task)
@@ -103,11 +111,12 @@ def _row(task: str, config: str, group: list[Record], members: tuple[str, ...]) 
 
 def _compare_with_best_member(rows: list[Row]) -> None:
     """Each ensemble row against the best row among its members alone (same task, same problems)."""
-    alone = {row.members[0]: row for row in rows if row.alone and len(row.members) == 1}
+    alone = {(row.members[0], row.boundary): row for row in rows if row.alone and len(row.members) == 1}
     for row in rows:
         if row.alone or not row.members:
             continue
-        mine = [alone[m] for m in row.members if m in alone]
+        same = [alone[(m, row.boundary)] for m in row.members if (m, row.boundary) in alone]
+        mine = same or [r for (m, _), r in alone.items() if m in row.members]
         if not mine:
             continue
         best = max(mine, key=lambda r: (r.accuracy, -row.members.index(r.members[0])))

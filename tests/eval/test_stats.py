@@ -31,3 +31,26 @@ def test_a_paired_comparison_counts_only_discordant_problems_both_answered() -> 
     assert result.verdict == "tie"  # 2 vs 1 could be noise
     clear = paired({str(k): True for k in range(8)}, {str(k): False for k in range(8)})
     assert clear.verdict == "better" and clear.p_value < 0.01
+
+
+def test_an_ensemble_is_compared_with_its_members_under_the_same_boundary_handling() -> None:
+    from ensemble_core.eval.records import Record
+    from ensemble_core.eval.report import summarise
+
+    def records(config: str, correct: list[bool]) -> list[Record]:
+        return [
+            Record(config, "f", "t", f"p{k}", ok, None, "", "", "", "", "stop", 1, 0, 1, 1.0, 1)
+            for k, ok in enumerate(correct)
+        ]
+
+    data = {
+        "a alone": [True, False, False, False],
+        "a alone [retokenize]": [True, True, True, False],  # better, but under the other handling
+        "b alone": [False, False, False, False],
+        "gac(a+b)": [True, True, False, False],
+    }
+    members = {"a alone": ("a",), "a alone [retokenize]": ("a",), "b alone": ("b",), "gac(a+b)": ("a", "b")}
+    boundaries = {name: "retokenize" if "retokenize" in name else "correct" for name in data}
+    [rows] = summarise([r for name, ok in data.items() for r in records(name, ok)], members, boundaries).values()
+    gac = next(row for row in rows if row.config == "gac(a+b)")
+    assert gac.best_member == "a alone" and (gac.versus_best.won, gac.versus_best.lost) == (1, 0)
