@@ -161,10 +161,11 @@ def _check_member(alias: str, model: str, aliases: dict[str, str]) -> None:
     )
 
 
-def load_config(path: Path) -> EvalConfig:
+def load_config(path: str | Path) -> EvalConfig:
     """Read and check a YAML evaluation config."""
     import yaml
 
+    path = Path(path)
     if not path.is_file():
         raise ConfigError(f"No evaluation config at {path}; see examples/eval.yaml for one.")
     try:
