@@ -30,7 +30,6 @@ from __future__ import annotations
 import bisect
 import math
 import re
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,7 @@ from ensemble_core.members.contract import (
     ScoreKind,
 )
 from ensemble_core.members.token_tree import Node
-from ensemble_core.vocab.tokens import TokenKind, TokenTable
+from ensemble_core.vocab.tokens import TokenKind, TokenTable, per_tokenizer
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
 
 if TYPE_CHECKING:
@@ -177,25 +176,15 @@ class PreTokens:
         return found
 
 
-_TABLES: weakref.WeakKeyDictionary[Any, LeafIndex] = weakref.WeakKeyDictionary()
-_PRE: weakref.WeakKeyDictionary[Any, PreTokens] = weakref.WeakKeyDictionary()
-
-
+@per_tokenizer
 def pre_tokens(tokenizer: Any) -> PreTokens:
-    found = _PRE.get(tokenizer)
-    if found is None:
-        found = PreTokens(tokenizer)
-        _PRE[tokenizer] = found
-    return found
+    return PreTokens(tokenizer)
 
 
+@per_tokenizer
 def leaf_index(tokenizer: Any, table: TokenTable) -> LeafIndex:
     """The `LeafIndex` of a tokenizer, built once (about a second for a large vocabulary)."""
-    found = _TABLES.get(tokenizer)
-    if found is None:
-        found = LeafIndex(tokenizer, table)
-        _TABLES[tokenizer] = found
-    return found
+    return LeafIndex(tokenizer, table)
 
 
 def _encode_many(tokenizer: Any, table: TokenTable, texts: Sequence[str]) -> list[list[int] | None]:

@@ -29,8 +29,8 @@ import re
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
-from typing import Any
+from functools import cached_property, lru_cache, wraps
+from typing import Any, TypeVar
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SPIECE_SPACE = "\u2581"
@@ -312,16 +312,31 @@ def _build_table(tokenizer: Any) -> TokenTable:
     return TokenTable(spelled, kinds, scheme, adds_prefix, byte_tokens)
 
 
-_TABLES: weakref.WeakKeyDictionary[Any, TokenTable] = weakref.WeakKeyDictionary()
+_Built = TypeVar("_Built")
 
 
+def per_tokenizer(build: Callable[..., _Built]) -> Callable[..., _Built]:
+    """`build(tokenizer, *more)`, run once per tokenizer object and forgotten with it: what is
+    built from a vocabulary is costly (up to a second for 262k tokens) and the same for every
+    member and session sharing that tokenizer. `more` must follow from the tokenizer (it is
+    used on the first call only)."""
+    built: weakref.WeakKeyDictionary[Any, _Built] = weakref.WeakKeyDictionary()
+
+    @wraps(build)
+    def once(tokenizer: Any, *more: Any) -> _Built:
+        found = built.get(tokenizer)
+        if found is None:
+            found = build(tokenizer, *more)
+            built[tokenizer] = found
+        return found
+
+    return once
+
+
+@per_tokenizer
 def token_table(tokenizer: Any) -> TokenTable:
     """The `TokenTable` of a Hugging Face tokenizer, built once per tokenizer object."""
-    table = _TABLES.get(tokenizer)
-    if table is None:
-        table = _build_table(tokenizer)
-        _TABLES[tokenizer] = table
-    return table
+    return _build_table(tokenizer)
 
 
 def token_bytes(tokenizer: Any) -> list[bytes | None]:
