@@ -19,6 +19,7 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.members.base import Member
 from ensemble_core.members.contract import Boundary, MemberSession, RenderedPrompt, RequestId
+from ensemble_core.members.lanes import Lanes
 from ensemble_core.methods.base import Binding, Commit, DecodeState, MethodRun
 from ensemble_core.results import (
     FinishReason,
@@ -54,6 +55,7 @@ def decode(
     device: torch.device,
     cancel: threading.Event | None = None,
     weights: Sequence[tuple[float, ...]] | None = None,
+    lanes: Lanes | None = None,
 ) -> Iterator[StreamChunk]:
     """Generate for every prompt at once; yields text as it becomes final, per prompt index.
 
@@ -63,6 +65,7 @@ def decode(
         device: where the method combines distributions.
         cancel: once set, generation ends after the current step, without results.
         weights: per prompt, member weights found before generating (else the binding's).
+        lanes: where each member's work runs (`members.lanes`; None: all in this thread).
 
     Yields:
         `StreamChunk`s; each prompt's last one has `finish_reason` and `result`.
@@ -71,7 +74,8 @@ def decode(
     count = len(next(iter(prompts.values())))
     requests = [RequestId(next(_REQUEST_IDS)) for _ in range(count)]
     sessions: dict[int, MemberSession] = {
-        m: members[m].start(dict(zip(requests, rendered, strict=True)), boundary) for m, rendered in prompts.items()
+        m: _start(members[m], dict(zip(requests, rendered, strict=True)), boundary, m, lanes)
+        for m, rendered in prompts.items()
     }
     active = [_Active(request, index, TextBuffer(settings.stop)) for index, request in enumerate(requests)]
     state = DecodeState(
@@ -83,6 +87,7 @@ def decode(
         tails={a.request: a.text.tail for a in active},
         device=device,
         weights=dict(zip(requests, weights, strict=True)) if weights is not None else {},
+        lanes=lanes,
     )
     run = binding.start(settings, device)
     try:
@@ -114,15 +119,19 @@ def decode(
             _retire([a.request for a in active], run, sessions, state)
 
 
+def _start(
+    member: Member, prompts: dict[RequestId, RenderedPrompt], boundary: Boundary, index: int, lanes: Lanes | None
+) -> MemberSession:
+    session = member.start(prompts, boundary)
+    return session if lanes is None else lanes.session(index, session)
+
+
 def _retire(requests: list[RequestId], run: MethodRun, sessions: dict[int, MemberSession], state: DecodeState) -> None:
     """The one hook through which the method and every member learn that requests ended."""
     run.drop(requests)
     for session in sessions.values():
         session.drop(requests)
-    for request in requests:
-        state.generators.pop(request, None)
-        state.tails.pop(request, None)
-        state.weights.pop(request, None)
+    state.forget(requests)
 
 
 def _apply(item: _Active, commit: Commit, settings: GenerationSettings) -> FinishReason | None:

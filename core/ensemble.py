@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Unpack
 
@@ -17,6 +19,7 @@ from ensemble_core.decode import decode
 from ensemble_core.errors import ClosedError, ConfigError
 from ensemble_core.members.base import Member
 from ensemble_core.members.contract import Boundary, Candidate, RenderedPrompt, RequestId
+from ensemble_core.members.lanes import Lanes, lane_key
 from ensemble_core.methods.base import Binding, Method, resolve_method
 from ensemble_core.methods.weighting import PROMPT_BYTES, WeightRule, prompt_weights
 from ensemble_core.results import GenerationResult, StreamChunk
@@ -82,6 +85,12 @@ class Ensemble:
         self.method = resolve_method(method, method_params)
         self.boundary = resolve_boundary(boundary)
         self.binding: Binding = self.method.bind([m.vocab for m in listed])
+        # Members in different lanes (GPUs, CPU thread budgets) step concurrently.
+        self._lanes = Lanes(
+            {i: lane_key(m.vocab.device, m.num_threads, m.name) for i, m in enumerate(listed)},
+            {i: m.num_threads for i, m in enumerate(listed)},
+        )
+        weakref.finalize(self, self._lanes.close)  # an ensemble dropped without close() ends its lanes
         # Members own stateful models; one generation runs at a time per ensemble.
         self._lock = threading.Lock()
         self._closed = False
@@ -102,6 +111,7 @@ class Ensemble:
             if self._closed:
                 return
             self._closed = True
+            self._lanes.close()
             for member in self.members:
                 member.close()
             if "union" in self.binding.cache:
@@ -261,12 +271,16 @@ class Ensemble:
         with self._lock:
             self._check_open()
             weights = self._prompt_weights(list(prompts)) or [self.binding.weights] * len(prompts)
-            for m, per_prompt in rendered.items():
-                session = self.members[m].start(dict(zip(requests, per_prompt, strict=True)), self.boundary)
+
+            def scores_of(m: int) -> list:
+                session = self.members[m].start(dict(zip(requests, rendered[m], strict=True)), self.boundary)
                 try:
-                    scores = session.score(requests, candidates)
+                    return session.score(requests, candidates)
                 finally:
                     session.drop(requests)
+
+            found = self._lanes.run({m: functools.partial(scores_of, m) for m in rendered})
+            for m, scores in found.items():
                 for index, per_option in enumerate(scores):
                     totals = torch.tensor([float(score.values.sum()) for score in per_option])
                     shares[index] += weights[index][m] * torch.softmax(totals, dim=0)
@@ -308,7 +322,15 @@ class Ensemble:
             self._check_open()
             weights = self._prompt_weights(prompts)
             yield from decode(
-                self.members, self.binding, rendered, settings, self.boundary, self.combining_device, cancel, weights
+                self.members,
+                self.binding,
+                rendered,
+                settings,
+                self.boundary,
+                self.combining_device,
+                cancel,
+                weights,
+                self._lanes,
             )
 
     def _prompt_weights(self, prompts: Sequence[Prompt]) -> list[tuple[float, ...]] | None:
@@ -317,7 +339,12 @@ class Ensemble:
         if self.binding.rule is not WeightRule.PROMPT:
             return None
         texts = [prompt_text(p) for p in prompts]
-        per_member = {m: self.members[m].text_logprob(texts, max_bytes=PROMPT_BYTES) for m in self.binding.participants}
+        per_member = self._lanes.run(
+            {
+                m: functools.partial(self.members[m].text_logprob, texts, max_bytes=PROMPT_BYTES)
+                for m in self.binding.participants
+            }
+        )
         found = []
         for index in range(len(prompts)):
             shares = prompt_weights([per_member[m][index].per_byte for m in self.binding.participants])

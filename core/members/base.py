@@ -43,6 +43,9 @@ class Member(ABC):
 
     name: str
     context_window: int = 0
+    num_threads: int | None = None
+    """Intra-op threads of the member's own CPU lane (None: it runs in the calling thread;
+    see `members.lanes`)."""
 
     @property
     @abstractmethod

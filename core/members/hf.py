@@ -14,6 +14,7 @@ from ensemble_core.devices import resolve_device, resolve_dtype
 from ensemble_core.errors import ClosedError, ConfigError, ModelLoadError
 from ensemble_core.members.base import TokenizerMember
 from ensemble_core.members.hf_backend import HFBackend, cache_keyword, check_attention
+from ensemble_core.members.lanes import check_num_threads
 from ensemble_core.members.session import DEFAULT_TAIL_TOKENS
 from ensemble_core.members.token_tree import Backend
 
@@ -93,11 +94,20 @@ class HFMember(TokenizerMember):
     give them different names).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str, *, tail_tokens: int = DEFAULT_TAIL_TOKENS):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        name: str,
+        *,
+        tail_tokens: int = DEFAULT_TAIL_TOKENS,
+        num_threads: int | None = None,
+    ):
         if not isinstance(name, str) or not name:
             raise ConfigError(f"`name` must be a non-empty string, but is {name!r}.")
         if isinstance(tail_tokens, bool) or not isinstance(tail_tokens, int) or tail_tokens < 1:
             raise ConfigError(f"`tail_tokens` has to be a positive integer, but is {tail_tokens!r}.")
+        self.num_threads = check_num_threads(num_threads)
         check_attention(model)
         self.model: torch.nn.Module | None = model.eval()
         eos = collect_eos_ids(model, tokenizer)
@@ -150,6 +160,7 @@ class HFMember(TokenizerMember):
         name: str | None = None,
         chat_template: str | None = None,
         model_kwargs: Mapping[str, Any] | None = None,
+        num_threads: int | None = None,
     ) -> HFMember:
         """Load a member from a packaged name, a Hugging Face Hub id or a local folder.
 
@@ -161,6 +172,9 @@ class HFMember(TokenizerMember):
             name: how methods and results refer to this member (default: the last path part).
             chat_template: a Jinja chat template for models that lack one.
             model_kwargs: passed on to `AutoModelForCausalLM.from_pretrained` (e.g. attn_implementation).
+            num_threads: a CPU member's own thread budget: it then steps in a lane of its own,
+                concurrently with the other members (e.g. two members with 1 thread each on 2
+                cores). None: it shares the calling thread and the process's threads.
 
         Raises:
             ConfigError: bad device/dtype (checked before any file is read).
@@ -170,6 +184,7 @@ class HFMember(TokenizerMember):
         if not isinstance(name_or_path, str) or not name_or_path:
             raise ConfigError(f"`name_or_path` must be a non-empty string, but is {name_or_path!r}.")
         target_device = resolve_device(device)
+        check_num_threads(num_threads)
         torch_dtype = resolve_dtype(dtype)
         folder, packaged_name = _source_folder(name_or_path)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -187,4 +202,4 @@ class HFMember(TokenizerMember):
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         model.to(target_device)
-        return cls(model, tokenizer, name or packaged_name or _default_name(name_or_path))
+        return cls(model, tokenizer, name or packaged_name or _default_name(name_or_path), num_threads=num_threads)

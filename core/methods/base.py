@@ -14,8 +14,9 @@ applies stop strings and limits, commits the text to every member, and tells the
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -24,8 +25,11 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError, GenerationError, UnknownNameError
 from ensemble_core.members.contract import Continuations, MemberSession, MemberVocab, RequestId
+from ensemble_core.members.lanes import Lanes
 from ensemble_core.methods.weighting import RULE_NAMES, WeightRule, rule_of
 from ensemble_core.results import MethodStats
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,52 @@ class DecodeState:
     tails: dict[RequestId, Callable[[int], bytes]] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     weights: dict[RequestId, tuple[float, ...]] = field(default_factory=dict)
+    lanes: Lanes | None = None
+    member_generators: dict[tuple[RequestId, int], torch.Generator] = field(default_factory=dict)
+
+    def each(self, members: Iterable[int], work: Callable[[int], T]) -> dict[int, T]:
+        """`work(m)` for every member, members of different lanes concurrently (`members.lanes`).
+
+        `work` may touch only member `m`'s session and its own locals; what it returns is
+        combined afterwards in the calling thread.
+        """
+        listed = list(members)
+        if self.lanes is None:
+            return {m: work(m) for m in listed}
+        return self.lanes.run({m: functools.partial(work, m) for m in listed})
+
+    def next_of_each(
+        self, members: Iterable[int], requests: Sequence[RequestId]
+    ) -> dict[int, dict[RequestId, Continuations | None]]:
+        """Several members' distributions for some requests (one forward each, concurrently)."""
+        return self.each(members, lambda m: self.next_of(m, requests))
 
     def next_of(self, member: int, requests: Sequence[RequestId]) -> dict[RequestId, Continuations | None]:
         """One member's distributions for some requests (one forward)."""
         found = self.sessions[member].next(list(requests), _temperature(self.settings))
         return dict(zip(requests, found, strict=True))
+
+    def member_generator(self, request: RequestId, member: int) -> torch.Generator | None:
+        """A request's sampling stream for one member's own draws (None when greedy): seeded from
+        the request's seed, so drafts sampled concurrently are as reproducible as sequential ones."""
+        base = self.generators.get(request)
+        if base is None:
+            return None
+        key = (request, member)
+        if key not in self.member_generators:
+            seed = (base.initial_seed() * 1_000_003 + member + 1) % (1 << 63)
+            self.member_generators[key] = torch.Generator(device=base.device).manual_seed(seed)
+        return self.member_generators[key]
+
+    def forget(self, requests: Iterable[RequestId]) -> None:
+        """Drop what the state holds for requests that ended."""
+        ended = set(requests)
+        for request in ended:
+            self.generators.pop(request, None)
+            self.tails.pop(request, None)
+            self.weights.pop(request, None)
+        for key in [k for k in self.member_generators if k[0] in ended]:
+            del self.member_generators[key]
 
     def tail(self, request: RequestId, size: int) -> bytes:
         return self.tails[request](size) if request in self.tails else b""

@@ -94,15 +94,16 @@ def draft_round(
 
     Returns: drafter -> request -> its draft.
     """
-    out: dict[int, dict[RequestId, _Drafting]] = {}
     stops = [s.encode() for s in state.settings.stop]
     longest = max((len(s) for s in stops), default=0)
-    for member_index, rows in rows_by_drafter.items():
+    tails = {row: state.tail(row, longest) for rows in rows_by_drafter.values() for row in rows}
+
+    def draft(member_index: int) -> dict[RequestId, _Drafting]:
+        rows = rows_by_drafter[member_index]
         vocab = state.members[member_index]
         session = state.sessions[member_index]
         drafts = {row: _Drafting() for row in rows}
         budget = {row: min(spec.cap, state.remaining[row]) for row in rows}
-        tails = {row: state.tail(row, longest) for row in rows}
         while live := [r for r in rows if not drafts[r].done]:
             found = state.next_of(member_index, live)
             for row in live:
@@ -110,13 +111,16 @@ def draft_round(
                 if distribution is None:
                     drafts[row].done = True
                     continue
-                choice = own_choice(vocab, distribution, state.settings, state.generators.get(row))
+                choice = own_choice(vocab, distribution, state.settings, generators[member_index][row])
                 if _extend(drafts[row], choice, spec, budget[row], stops, tails[row]):
                     session.write(row, distribution, choice.pick)
-        for draft in drafts.values():
-            _trim_to_word(draft, spec)
-        out[member_index] = drafts
-    return out
+        for one in drafts.values():
+            _trim_to_word(one, spec)
+        return drafts
+
+    # Drafters draft concurrently (see `members.lanes`), so each samples from a stream of its own.
+    generators = {m: {row: state.member_generator(row, m) for row in rows} for m, rows in rows_by_drafter.items()}
+    return state.each(rows_by_drafter, draft)
 
 
 def _extend(draft: _Drafting, choice: Choice, spec: DraftSpec, budget: int, stops: list[bytes], tail: bytes) -> bool:
@@ -175,12 +179,14 @@ def score_candidates(
 
     Returns: scorer -> request -> one score per candidate (in candidate order).
     """
-    scores: dict[int, dict[RequestId, list[float]]] = {}
     rows = [row for row, found in candidates.items() if found]
-    for scorer in scorers:
-        found = state.sessions[scorer].score(rows, [[c.candidate for c in candidates[r]] for r in rows], kind)
-        scores[scorer] = {row: [s.mean for s in per_row] for row, per_row in zip(rows, found, strict=True)}
-    return scores
+    offered = [[c.candidate for c in candidates[r]] for r in rows]
+
+    def scores(scorer: int) -> dict[RequestId, list[float]]:
+        found = state.sessions[scorer].score(rows, offered, kind)
+        return {row: [s.mean for s in per_row] for row, per_row in zip(rows, found, strict=True)}
+
+    return state.each(scorers, scores)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -235,10 +236,15 @@ class _SafeRun(MethodRun):
     def step(self, state: DecodeState) -> dict[RequestId, Commit]:
         for request in state.requests:
             self._stats(request).rounds += 1
-        drafts = self._draft(state)
+
         # Position 0 is the committed text's end: every verifier's plain next-step distribution
-        # (free when it wrote the last committed text: its logits are there already).
-        firsts = {v: state.next_of(v, state.requests) for v in self.verifiers}
+        # (free when it wrote the last committed text: its logits are there already), found
+        # while the drafter drafts (concurrently where they sit in different lanes).
+        def opening(member: int) -> Any:
+            return self._draft(state) if member == self.drafter else state.next_of(member, state.requests)
+
+        firsts = state.each([self.drafter, *self.verifiers], opening)
+        drafts: dict[RequestId, _Draft] = firsts.pop(self.drafter)
         walks = {r: _Walk(self, state, r, drafts[r], firsts) for r in state.requests}
         commits: dict[RequestId, Commit] = {}
         for request, walk in walks.items():
@@ -293,14 +299,15 @@ class _SafeRun(MethodRun):
         pieces while it still writes (after position 0), else as text it did not write."""
         if not pieces:
             return {v: {} for v in self.verifiers}
-        readings: dict[int, dict[RequestId, DraftReading]] = {}
         temperature = 1.0 if self.settings.greedy else self.settings.temperature
         requests = list(pieces)
-        for verifier in self.verifiers:
+
+        def reading(verifier: int) -> dict[RequestId, DraftReading]:
             written = [len(pieces[r]) if walks[r].writing[verifier] else 0 for r in requests]
             found = state.sessions[verifier].read(requests, [pieces[r] for r in requests], temperature, written)
-            readings[verifier] = dict(zip(requests, found, strict=True))
-        return readings
+            return dict(zip(requests, found, strict=True))
+
+        return state.each(self.verifiers, reading)
 
     def reread(
         self, state: DecodeState, verifier: int, request: RequestId, pieces: list[bytes], written: int

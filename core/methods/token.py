@@ -195,7 +195,7 @@ class _TokenRun(MethodRun):
         if gate is not None:
             to_ensemble, primary_found = self._gated(state, gate, commits)
         if to_ensemble:
-            found = {m: state.next_of(m, to_ensemble) for m in state.sessions if m not in self._already(gate)}
+            found = state.next_of_each([m for m in state.sessions if m not in self._already(gate)], to_ensemble)
             if gate is not None:
                 found[gate[0]] = primary_found
             for request in to_ensemble:
