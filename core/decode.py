@@ -73,8 +73,9 @@ def decode(
     started = time.perf_counter()
     count = len(next(iter(prompts.values())))
     requests = [RequestId(next(_REQUEST_IDS)) for _ in range(count)]
+    lanes = lanes or Lanes()
     sessions: dict[int, MemberSession] = {
-        m: _start(members[m], dict(zip(requests, rendered, strict=True)), boundary, m, lanes)
+        m: lanes.session(m, members[m].start(dict(zip(requests, rendered, strict=True)), boundary))
         for m, rendered in prompts.items()
     }
     active = [_Active(request, index, TextBuffer(settings.stop)) for index, request in enumerate(requests)]
@@ -117,13 +118,6 @@ def decode(
     finally:
         if active:  # cancelled, closed or failed: free what the unfinished requests hold
             _retire([a.request for a in active], run, sessions, state)
-
-
-def _start(
-    member: Member, prompts: dict[RequestId, RenderedPrompt], boundary: Boundary, index: int, lanes: Lanes | None
-) -> MemberSession:
-    session = member.start(prompts, boundary)
-    return session if lanes is None else lanes.session(index, session)
 
 
 def _retire(requests: list[RequestId], run: MethodRun, sessions: dict[int, MemberSession], state: DecodeState) -> None:

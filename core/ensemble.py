@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import weakref
@@ -279,7 +278,7 @@ class Ensemble:
                 finally:
                     session.drop(requests)
 
-            found = self._lanes.run({m: functools.partial(scores_of, m) for m in rendered})
+            found = self._lanes.each(rendered, scores_of)
             for m, scores in found.items():
                 for index, per_option in enumerate(scores):
                     totals = torch.tensor([float(score.values.sum()) for score in per_option])
@@ -339,11 +338,8 @@ class Ensemble:
         if self.binding.rule is not WeightRule.PROMPT:
             return None
         texts = [prompt_text(p) for p in prompts]
-        per_member = self._lanes.run(
-            {
-                m: functools.partial(self.members[m].text_logprob, texts, max_bytes=PROMPT_BYTES)
-                for m in self.binding.participants
-            }
+        per_member = self._lanes.each(
+            self.binding.participants, lambda m: self.members[m].text_logprob(texts, max_bytes=PROMPT_BYTES)
         )
         found = []
         for index in range(len(prompts)):

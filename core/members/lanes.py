@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -108,7 +108,10 @@ class Lane:
 class Lanes:
     """The lanes of one ensemble's members (member index -> lane, None: the calling thread)."""
 
-    def __init__(self, keys: Mapping[int, str | None], budgets: Mapping[int, int | None]):
+    def __init__(self, keys: Mapping[int, str | None] | None = None, budgets: Mapping[int, int | None] | None = None):
+        """`keys`: member index -> its lane key (`lane_key`); `budgets`: the first member of each
+        lane sets its thread budget. No keys: every member runs in the calling thread."""
+        keys, budgets = keys or {}, budgets or {}
         self._lanes: dict[str, Lane] = {}
         self._of: dict[int, Lane | None] = {}
         for member, key in keys.items():
@@ -122,6 +125,10 @@ class Lanes:
         lane = self._of.get(member)
         return session if lane is None else LanedSession(session, lane)
 
+    def each(self, members: Iterable[int], work: Callable[[int], T]) -> dict[int, T]:
+        """`work(m)` for every member, as `run` runs them (results by member, in the given order)."""
+        return self.run({m: functools.partial(work, m) for m in members})
+
     def run(self, work: Mapping[int, Callable[[], T]]) -> dict[int, T]:
         """Every member's call, members of different lanes concurrently; results by member.
 
@@ -133,10 +140,9 @@ class Lanes:
             groups.setdefault(self._of.get(member), []).append(member)
         if list(groups) == [None]:
             return _in_order(work, groups[None])
-        futures: dict[int, Future] = {}
-        for lane, members in groups.items():
-            if lane is not None:
-                futures[members[0]] = lane.submit(lambda ms=members: _in_order(work, ms))
+        futures = [
+            lane.submit(lambda ms=members: _in_order(work, ms)) for lane, members in groups.items() if lane is not None
+        ]
         found: dict[int, T] = {}
         inline_error: BaseException | None = None
         if None in groups:
@@ -145,7 +151,7 @@ class Lanes:
             except BaseException as error:  # wait for the lanes before raising
                 inline_error = error
         errors = []
-        for future in futures.values():
+        for future in futures:
             try:
                 found.update(future.result())
             except BaseException as error:

@@ -14,7 +14,6 @@ applies stop strings and limits, commits the text to every member, and tells the
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,7 +74,7 @@ class DecodeState:
     tails: dict[RequestId, Callable[[int], bytes]] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     weights: dict[RequestId, tuple[float, ...]] = field(default_factory=dict)
-    lanes: Lanes | None = None
+    lanes: Lanes = field(default_factory=Lanes)
     member_generators: dict[tuple[RequestId, int], torch.Generator] = field(default_factory=dict)
 
     def each(self, members: Iterable[int], work: Callable[[int], T]) -> dict[int, T]:
@@ -84,10 +83,7 @@ class DecodeState:
         `work` may touch only member `m`'s session and its own locals; what it returns is
         combined afterwards in the calling thread.
         """
-        listed = list(members)
-        if self.lanes is None:
-            return {m: work(m) for m in listed}
-        return self.lanes.run({m: functools.partial(work, m) for m in listed})
+        return self.lanes.each(members, work)
 
     def next_of_each(
         self, members: Iterable[int], requests: Sequence[RequestId]
