@@ -1,9 +1,10 @@
 """The decode loop every method runs in: commits -> text, stop strings, limits, member sync.
 
-Every prompt of a call becomes a request with a stable `RequestId`. Members' sessions and the
-method's run key all per-request state by it, so when one request ends (and its rows are freed)
-no other request inherits anything of it; both learn of ended requests through one hook,
-`_retire`.
+Every prompt becomes a request with a stable `RequestId`. Members' sessions and the method's
+run key all per-request state by it, so when one request ends (and its rows are freed) no
+other request inherits anything of it, and a request admitted into a running batch
+(`DecodeLoop.admit`, continuous batching) starts from nothing of anyone else's; both learn of
+ended requests through one hook, `DecodeLoop._retire`.
 """
 
 from __future__ import annotations
@@ -41,9 +42,152 @@ class _Active:
     """One prompt being generated."""
 
     request: RequestId
-    index: int  # the prompt's position in the call
+    index: int  # the prompt's position in the call that admitted it
     text: TextBuffer
+    limit: int  # its max_new_tokens
+    started: float
     steps: int = 0
+
+
+def batch_key(settings: GenerationSettings) -> tuple:
+    """What requests must share to run in one batch: methods read the sampling rule and the
+    stop strings from the batch's settings; the token limit and the seed are per request."""
+    return (settings.temperature, settings.top_p, settings.stop)
+
+
+class DecodeLoop:
+    """One running batch: requests join it (`admit`) and leave it (finished, or `cancel`) at
+    step boundaries, so a server can batch requests that arrive while others generate.
+
+    Args:
+        members: every member of the ensemble.
+        binding: the method bound to them.
+        settings: the batch's settings (every admitted request must share its `batch_key`).
+        boundary: how members continue text they did not write.
+        device: where the method combines distributions.
+        lanes: where each member's work runs (`members.lanes`; None: all in this thread).
+    """
+
+    def __init__(
+        self,
+        members: Sequence[Member],
+        binding: Binding,
+        settings: GenerationSettings,
+        boundary: Boundary,
+        device: torch.device,
+        lanes: Lanes | None = None,
+    ):
+        self._members = members
+        self._binding = binding
+        self.settings = settings
+        self._boundary = boundary
+        self._lanes = lanes or Lanes()
+        self._sessions: dict[int, MemberSession] = {}
+        self._active: list[_Active] = []
+        self._state = DecodeState(
+            members=binding.members,
+            sessions=self._sessions,
+            settings=settings,
+            requests=[],
+            generators={},
+            tails={},
+            device=device,
+            weights={},
+            lanes=self._lanes,
+        )
+        self._run = binding.start(settings, device)
+
+    @property
+    def requests(self) -> list[RequestId]:
+        """The requests still generating, in admission order."""
+        return [a.request for a in self._active]
+
+    def admit(
+        self,
+        prompts: dict[int, list[RenderedPrompt]],
+        settings: Sequence[GenerationSettings] | None = None,
+        weights: Sequence[tuple[float, ...]] | None = None,
+    ) -> list[RequestId]:
+        """New requests join at the next step (their prompts are forwarded with it).
+
+        Args:
+            prompts: member index -> its rendered prompt per new request (participants only).
+            settings: per new request, its settings (default: the batch's); each must share
+                the batch's `batch_key`.
+            weights: per new request, member weights found before generating (else the binding's).
+
+        Returns:
+            The new requests' handles, in the order given.
+        """
+        count = len(next(iter(prompts.values())))
+        per_request = list(settings) if settings is not None else [self.settings] * count
+        for one in per_request:
+            if batch_key(one) != batch_key(self.settings):
+                raise ValueError("a request joins only a batch with the same temperature, top_p and stop")
+        requests = [RequestId(next(_REQUEST_IDS)) for _ in range(count)]
+        for m, rendered in prompts.items():
+            given = dict(zip(requests, rendered, strict=True))
+            if m in self._sessions:
+                self._sessions[m].admit(given)
+            else:
+                self._sessions[m] = self._lanes.session(m, self._members[m].start(given, self._boundary))
+        now = time.perf_counter()
+        for index, (request, one) in enumerate(zip(requests, per_request, strict=True)):
+            item = _Active(request, index, TextBuffer(self.settings.stop), one.max_new_tokens, now)
+            self._active.append(item)
+            self._state.generators[request] = row_generator(one)
+            self._state.tails[request] = item.text.tail
+        if weights is not None:
+            self._state.weights.update(zip(requests, weights, strict=True))
+        return requests
+
+    def step(self) -> list[tuple[RequestId, StreamChunk]]:
+        """One step of every active request: the text each made final, and for those that
+        ended, their last chunk (with `finish_reason` and `result`); ended requests leave."""
+        if not self._active:
+            return []
+        state = self._state
+        state.requests = self.requests
+        state.remaining = {a.request: a.limit - a.steps for a in self._active}
+        commits = self._run.step(state)
+        out: list[tuple[RequestId, StreamChunk]] = []
+        finished: list[_Active] = []
+        for item in self._active:
+            commit = commits[item.request]
+            reason = _apply(item, commit)
+            for session in self._sessions.values():
+                session.commit(item.request, commit.text)
+            piece = item.text.take_new_text(final=reason is not None)
+            if reason is None:
+                if piece:
+                    out.append((item.request, StreamChunk(text=piece, index=item.index)))
+                continue
+            finished.append(item)
+            result = _result(self._members, self._binding, self._sessions, self._run, item, reason)
+            out.append((item.request, StreamChunk(text=piece, index=item.index, finish_reason=reason, result=result)))
+        if finished:
+            self._retire([f.request for f in finished])
+        return out
+
+    def cancel(self, requests: Sequence[RequestId]) -> None:
+        """These requests end now, without results (a client went away, a deadline passed)."""
+        gone = set(requests)
+        leaving = [a.request for a in self._active if a.request in gone]
+        if leaving:
+            self._retire(leaving)
+
+    def close(self) -> None:
+        """Free what every unfinished request holds."""
+        self.cancel(self.requests)
+
+    def _retire(self, requests: list[RequestId]) -> None:
+        """The one hook through which the method and every member learn that requests ended."""
+        self._run.drop(requests)
+        for session in self._sessions.values():
+            session.drop(requests)
+        self._state.forget(requests)
+        gone = set(requests)
+        self._active = [a for a in self._active if a.request not in gone]
 
 
 def decode(
@@ -57,84 +201,37 @@ def decode(
     weights: Sequence[tuple[float, ...]] | None = None,
     lanes: Lanes | None = None,
 ) -> Iterator[StreamChunk]:
-    """Generate for every prompt at once; yields text as it becomes final, per prompt index.
+    """Generate for every prompt at once (one `DecodeLoop`, no later arrivals); yields text as
+    it becomes final, per prompt index.
 
     Args:
         prompts: member index -> its rendered prompt per prompt (participants only).
-        boundary: how members continue text they did not write.
-        device: where the method combines distributions.
         cancel: once set, generation ends after the current step, without results.
         weights: per prompt, member weights found before generating (else the binding's).
-        lanes: where each member's work runs (`members.lanes`; None: all in this thread).
+        Others: as for `DecodeLoop`.
 
     Yields:
         `StreamChunk`s; each prompt's last one has `finish_reason` and `result`.
     """
-    started = time.perf_counter()
-    count = len(next(iter(prompts.values())))
-    requests = [RequestId(next(_REQUEST_IDS)) for _ in range(count)]
-    lanes = lanes or Lanes()
-    sessions: dict[int, MemberSession] = {
-        m: lanes.session(m, members[m].start(dict(zip(requests, rendered, strict=True)), boundary))
-        for m, rendered in prompts.items()
-    }
-    active = [_Active(request, index, TextBuffer(settings.stop)) for index, request in enumerate(requests)]
-    state = DecodeState(
-        members=binding.members,
-        sessions=sessions,
-        settings=settings,
-        requests=list(requests),
-        generators={request: row_generator(settings) for request in requests},
-        tails={a.request: a.text.tail for a in active},
-        device=device,
-        weights=dict(zip(requests, weights, strict=True)) if weights is not None else {},
-        lanes=lanes,
-    )
-    run = binding.start(settings, device)
+    loop = DecodeLoop(members, binding, settings, boundary, device, lanes)
     try:
-        while active:
+        loop.admit(prompts, weights=weights)
+        while loop.requests:
             if cancel is not None and cancel.is_set():
                 return
-            state.requests = [a.request for a in active]
-            state.remaining = {a.request: settings.max_new_tokens - a.steps for a in active}
-            commits = run.step(state)
-            finished: list[_Active] = []
-            for item in active:
-                commit = commits[item.request]
-                reason = _apply(item, commit, settings)
-                for session in sessions.values():
-                    session.commit(item.request, commit.text)
-                piece = item.text.take_new_text(final=reason is not None)
-                if reason is None:
-                    if piece:
-                        yield StreamChunk(text=piece, index=item.index)
-                    continue
-                finished.append(item)
-                result = _result(members, binding, sessions, run, item, reason, started)
-                yield StreamChunk(text=piece, index=item.index, finish_reason=reason, result=result)
-            if finished:
-                _retire([f.request for f in finished], run, sessions, state)
-                active = [a for a in active if a not in finished]
-    finally:
-        if active:  # cancelled, closed or failed: free what the unfinished requests hold
-            _retire([a.request for a in active], run, sessions, state)
+            for _, chunk in loop.step():
+                yield chunk
+    finally:  # cancelled, closed or failed: free what the unfinished requests hold
+        loop.close()
 
 
-def _retire(requests: list[RequestId], run: MethodRun, sessions: dict[int, MemberSession], state: DecodeState) -> None:
-    """The one hook through which the method and every member learn that requests ended."""
-    run.drop(requests)
-    for session in sessions.values():
-        session.drop(requests)
-    state.forget(requests)
-
-
-def _apply(item: _Active, commit: Commit, settings: GenerationSettings) -> FinishReason | None:
+def _apply(item: _Active, commit: Commit) -> FinishReason | None:
     item.steps += commit.tokens
     if item.text.append(commit.text):
         return "stop"
     if commit.eos:
         return "eos"
-    if item.steps >= settings.max_new_tokens:
+    if item.steps >= item.limit:
         return "length"
     return None
 
@@ -146,13 +243,12 @@ def _result(
     run: MethodRun,
     item: _Active,
     reason: FinishReason,
-    started: float,
 ) -> GenerationResult:
     usage = _usage(members, binding, sessions, item.request, reason)
     stats = GenerationStats(
         method=binding.method.name,
         steps=item.steps,
-        wall_seconds=time.perf_counter() - started,
+        wall_seconds=time.perf_counter() - item.started,
         members=_member_stats(members, sessions),
         method_stats=run.stats(item.request),
     )

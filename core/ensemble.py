@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Unpack
 
 import torch
@@ -14,7 +16,7 @@ from ensemble_core import aio
 from ensemble_core.chat.templates import Prompt, Tools, prompt_text, validate_prompt, validate_tools
 from ensemble_core.chat.tool_calls import forced_call_prefix
 from ensemble_core.config import GenerationSettings, SettingsKwargs, build_settings
-from ensemble_core.decode import decode
+from ensemble_core.decode import DecodeLoop, decode
 from ensemble_core.errors import ClosedError, ConfigError
 from ensemble_core.members.base import Member
 from ensemble_core.members.contract import Boundary, Candidate, RenderedPrompt, RequestId
@@ -23,6 +25,15 @@ from ensemble_core.methods.base import Binding, Method, resolve_method
 from ensemble_core.methods.weighting import PROMPT_BYTES, WeightRule, prompt_weights
 from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.vocab.union import forget_union
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """One checked, rendered request waiting to join a running batch (`Ensemble.prepare`)."""
+
+    prompt: Prompt
+    rendered: dict[int, RenderedPrompt]  # per participant
+    settings: GenerationSettings
 
 
 def resolve_boundary(boundary: Boundary | str) -> Boundary:
@@ -223,6 +234,38 @@ class Ensemble:
         cancel = cancel or threading.Event()
         chunks = self.stream(prompt, tools=tools, reply_prefix=reply_prefix, cancel=cancel, **settings)
         return aio.iterate_in_thread(chunks, cancel)
+
+    # ------------------------------------------------------------------ continuous batching
+
+    def prepare(
+        self, prompt: Prompt, *, tools: Tools = None, reply_prefix: str = "", **settings: Unpack[SettingsKwargs]
+    ) -> PreparedRequest:
+        """Check and render one request without generating (arguments as for `generate`), so
+        a server rejects bad input before queueing it; `admit` it into a `DecodeLoop` later."""
+        checked = build_settings(**settings)
+        rendered = self._render([prompt], checked, tools, reply_prefix)
+        return PreparedRequest(prompt, {m: found[0] for m, found in rendered.items()}, checked)
+
+    def open_loop(self, settings: GenerationSettings) -> DecodeLoop:
+        """An empty running batch for requests of these settings' `batch_key` (see `batching`).
+        Its steps must run while holding the ensemble (`hold`)."""
+        self._check_open()
+        return DecodeLoop(self.members, self.binding, settings, self.boundary, self.combining_device, self._lanes)
+
+    def admit(self, loop: DecodeLoop, requests: Sequence[PreparedRequest]) -> list[RequestId]:
+        """Prepared requests join a running batch at its next step (their prompt weights are
+        found here, under the method's rule). Call while holding the ensemble (`hold`)."""
+        weights = self._prompt_weights([r.prompt for r in requests])
+        prompts = {m: [r.rendered[m] for r in requests] for m in self.binding.participants}
+        return loop.admit(prompts, [r.settings for r in requests], weights)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """The ensemble to oneself for a while (one step of a running batch): waits for any
+        other call to end; raises `ClosedError` when the ensemble is closed."""
+        with self._lock:
+            self._check_open()
+            yield
 
     def pick_tool(self, prompt: Prompt, tools: Tools) -> str:
         """The tool the ensemble finds likeliest to call next, when a call is required.

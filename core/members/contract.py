@@ -23,7 +23,7 @@ Units and shapes:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
@@ -271,6 +271,11 @@ class MemberSession(Protocol):
 
     def drop(self, requests: Sequence[RequestId]) -> None:
         """These requests ended: free their rows."""
+        ...
+
+    def admit(self, prompts: Mapping[RequestId, RenderedPrompt]) -> None:
+        """New requests join the running batch (continuous batching): from the next `next`,
+        `read` or `score` on they are asked for like the others; nothing is forwarded here."""
         ...
 
     def lagging(self, request: RequestId) -> bool:

@@ -124,11 +124,29 @@ class HFBackend(Backend):
             node.slot = -1
 
     def drop_rows(self, keep: Sequence[int]) -> None:
+        if not keep:  # nothing left: start the next admitted rows on an empty cache
+            self._cache = DynamicCache()
+            self._depth = torch.zeros((0, 0), dtype=torch.long)
+            self._history = torch.zeros((0, 0), dtype=torch.bool)
+            return
         index = torch.tensor(list(keep), dtype=torch.long)
         if self.columns and self._cache.layers:
             self._cache.batch_select_indices(index.to(self._device))
         self._depth = self._depth[index]
         self._history = self._history[index]
+
+    def add_rows(self, count: int) -> None:
+        """New rows see none of the existing columns (depth -1), and their cache entries there
+        are zeros that no mask ever lets them attend to; their prompts get fresh columns."""
+        self._depth = torch.cat([self._depth, torch.full((count, self.columns), -1, dtype=torch.long)])
+        self._history = torch.cat([self._history, torch.zeros((count, self.columns), dtype=torch.bool)])
+        if not (self.columns and self._cache.layers):
+            return
+        for layer in self._cache.layers:
+            for name in ("keys", "values"):
+                held = getattr(layer, name)
+                blank = held.new_zeros((count, *held.shape[1:]))
+                setattr(layer, name, torch.cat([held, blank]))
 
     # ------------------------------------------------------------------ evaluation
 

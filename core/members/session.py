@@ -17,7 +17,7 @@ correction, `covering.py`).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -117,9 +117,16 @@ class TreeSession:
             self.mode: Mode = CoveringMode(self, tokenizer)  # type: ignore[assignment]
         else:
             self.mode = RetokenizeMode(self, tail_tokens)
+        self._place(prompts)
+
+    def admit(self, prompts: Mapping[RequestId, RenderedPrompt]) -> None:
+        self.tree.add({key: prompt.ids for key, prompt in prompts.items()})
+        self._place(prompts)
+
+    def _place(self, prompts: Mapping[RequestId, RenderedPrompt]) -> None:
         for key, prompt in prompts.items():
             fixed = self.mode.fixed_prefix(prompt)
-            tail = vocab.table.spell(prompt.ids[fixed:])
+            tail = self.vocab.table.spell(prompt.ids[fixed:])
             state = RequestState(key, list(prompt.ids), fixed, bytearray(tail + prompt.lead), spelled=len(tail))
             state.kept_until = len(prompt.ids)
             self._states[key] = state

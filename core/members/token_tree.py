@@ -120,7 +120,11 @@ class Backend(ABC):
         """These nodes are gone (their cache entries may be reused)."""
 
     def drop_rows(self, keep: Sequence[int]) -> None:  # noqa: B027 - optional hook
-        """Only the rows at these indices remain, in this order."""
+        """Only the rows at these indices remain, in this order (none: the tree is empty)."""
+
+    def add_rows(self, count: int) -> None:  # noqa: B027 - optional hook
+        """`count` new rows follow the existing ones (requests admitted into a running batch);
+        their nodes are pending, nothing of theirs is cached yet."""
 
     def history_changed(self, row_index: int, added: Sequence[Node], removed: Sequence[Node]) -> None:  # noqa: B027
         """A row's history chain gained or lost nodes (a cached backend tracks what they see)."""
@@ -150,15 +154,28 @@ class TokenTree:
         self.stats = EvaluationStats()
         self.rows: list[Row] = []
         self._index: dict[int, int] = {}
-        ends: dict[int, Node] = {}
+        self._check(prompts)
+        backend.bind(self)
+        self.add(prompts)
+
+    def _check(self, prompts: dict[int, Sequence[int]]) -> None:
         for key, ids in prompts.items():
             if len(ids) == 0:
                 raise ConfigError(f"Prompt {key} has no tokens; every prompt needs at least one token.")
+            if key in self._index:
+                raise ValueError(f"request {key} is already in this batch")
+
+    def add(self, prompts: dict[int, Sequence[int]]) -> None:
+        """New requests join the batch as rows after the existing ones (their prompts are
+        pending: the next evaluation forwards them together with everything else pending)."""
+        self._check(prompts)
+        ends: dict[int, Node] = {}
+        for key, ids in prompts.items():
             row = Row(key=key)
             self._index[key] = len(self.rows)
             self.rows.append(row)
             ends[key] = self.path(self._root(row, int(ids[0])), [int(t) for t in ids[1:]])
-        backend.bind(self)
+        self.backend.add_rows(len(ends))
         for key, end in ends.items():
             self.set_head(key, end)
 
@@ -271,10 +288,6 @@ class TokenTree:
         for row in self.rows:
             if row.key in gone and row.root is not None:
                 self._release_subtrees([row.root])
-        if not keep:
-            self.rows = []
-            self._index = {}
-            return
         self.backend.drop_rows(keep)
         self.rows = [self.rows[i] for i in keep]
         self._index = {row.key: i for i, row in enumerate(self.rows)}

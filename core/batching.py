@@ -1,0 +1,235 @@
+"""Continuous batching: many callers, one ensemble, one batched forward per step.
+
+A `Batcher` owns one scheduler thread. Callers `submit` prepared requests from any thread
+(the server's event loop, worker threads); at every step boundary the scheduler admits what
+is waiting into a running batch (`DecodeLoop.admit`) and retires what ended, so a request
+that arrives while others generate joins them at the next step instead of waiting for the
+whole batch. Requests that cannot share a batch (another temperature, top_p or stop list:
+methods read those from the batch) run in batches of their own, stepped in turn.
+
+Each ticket's chunks go to its `deliver` callback, in order, from the scheduler thread; the
+last call is a chunk with a `result`, or an exception (`QueueFull` never reaches it: that is
+raised by `submit`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ensemble_core.decode import DecodeLoop, batch_key
+from ensemble_core.ensemble import Ensemble, PreparedRequest
+from ensemble_core.errors import ClosedError, ConfigError, EnsembleError
+from ensemble_core.members.contract import RequestId
+from ensemble_core.results import StreamChunk
+
+Deliver = Callable[["StreamChunk | BaseException"], None]
+"""Called from the scheduler thread with each chunk of a ticket, or with the error that ended it."""
+
+
+class QueueFull(EnsembleError):
+    """More requests are waiting than the batcher's queue holds; try again later (HTTP 429)."""
+
+
+class RequestTimeout(EnsembleError):
+    """A request ran past its deadline and was stopped (HTTP 504 for a server)."""
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One submitted request: its place in the queue, then in a running batch."""
+
+    prepared: PreparedRequest
+    deliver: Deliver
+    deadline: float | None  # time.monotonic() value
+    number: int
+    cancelled: bool = False
+    request: RequestId | None = None
+    loop: DecodeLoop | None = field(default=None, repr=False)
+
+    def cancel(self) -> None:
+        """Stop this request at the next step boundary (nothing more is delivered)."""
+        self.cancelled = True
+
+
+class Batcher:
+    """Runs every submitted request of one ensemble in continuously batched steps.
+
+    Args:
+        ensemble: the ensemble (its steps are taken while holding it, so direct calls to it
+            still work, between steps).
+        max_batch: the most requests generating at once (all batches together).
+        max_queue: the most requests waiting to be admitted; `submit` raises `QueueFull` beyond.
+    """
+
+    def __init__(self, ensemble: Ensemble, max_batch: int = 8, max_queue: int = 64):
+        if max_batch < 1 or max_queue < 0:
+            raise ConfigError(f"`max_batch` must be >= 1 and `max_queue` >= 0, but are {max_batch}, {max_queue}.")
+        self.ensemble = ensemble
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self._waiting: deque[Ticket] = deque()
+        self._running: list[Ticket] = []
+        self._loops: list[DecodeLoop] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._numbers = itertools.count()
+        self.steps = 0
+        """Steps taken so far (all batches); a test's and a benchmark's evidence of batching."""
+        self._thread = threading.Thread(target=self._serve, name="ensemble-llm-batcher", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ callers' side
+
+    def submit(self, prepared: PreparedRequest, deliver: Deliver, timeout: float | None = None) -> Ticket:
+        """Queue one request; raises `QueueFull` when `max_queue` requests already wait.
+
+        Args:
+            timeout: seconds from now after which the request is stopped with `RequestTimeout`.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._wake:
+            if self._stopping:
+                raise EnsembleError("This batcher was closed; make a new one.")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(
+                    f"{len(self._waiting)} requests are already waiting (max_queue={self.max_queue}); retry later."
+                )
+            ticket = Ticket(prepared, deliver, deadline, next(self._numbers))
+            self._waiting.append(ticket)
+            self._wake.notify()
+        return ticket
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(requests generating, requests waiting)."""
+        with self._wake:
+            return len(self._running), len(self._waiting)
+
+    def close(self) -> None:
+        """Stop the scheduler: unfinished requests end with an error; the ensemble stays open."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
+
+    # ------------------------------------------------------------------ the scheduler thread
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._waiting and not self._running:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                admitting = self._take_admissible()
+            try:
+                self._admit(admitting)
+                self._retire_expired()
+                self._step_all()
+            except ClosedError as error:  # the ensemble was closed under us: nothing can run any more
+                self._end_all(error)
+                return
+        self._end_all(EnsembleError("The batcher was closed before the request finished."))
+
+    def _take_admissible(self) -> list[Ticket]:
+        room = self.max_batch - len(self._running)
+        taken = []
+        now = time.monotonic()
+        while self._waiting and room > 0:
+            ticket = self._waiting.popleft()
+            if ticket.cancelled:
+                continue
+            if ticket.deadline is not None and now >= ticket.deadline:
+                _hand(ticket, RequestTimeout("The request waited past its timeout and was not started."))
+                continue
+            taken.append(ticket)
+            room -= 1
+        return taken
+
+    def _admit(self, tickets: list[Ticket]) -> None:
+        groups: dict[tuple, list[Ticket]] = {}
+        for ticket in tickets:
+            groups.setdefault(batch_key(ticket.prepared.settings), []).append(ticket)
+        for key, group in groups.items():
+            loop = next((lp for lp in self._loops if batch_key(lp.settings) == key), None)
+            try:
+                with self.ensemble.hold():
+                    if loop is None:
+                        loop = self.ensemble.open_loop(group[0].prepared.settings)
+                        self._loops.append(loop)
+                    handles = self.ensemble.admit(loop, [t.prepared for t in group])
+            except Exception as error:  # handed to each request's caller
+                for ticket in group:
+                    _hand(ticket, error)
+                continue
+            for ticket, handle in zip(group, handles, strict=True):
+                ticket.request, ticket.loop = handle, loop
+                self._running.append(ticket)
+
+    def _retire_expired(self) -> None:
+        now = time.monotonic()
+        for ticket in list(self._running):
+            expired = ticket.deadline is not None and now >= ticket.deadline
+            if not (ticket.cancelled or expired):
+                continue
+            self._leave(ticket)
+            if expired and not ticket.cancelled:
+                _hand(ticket, RequestTimeout("The request ran past its timeout and was stopped."))
+
+    def _step_all(self) -> None:
+        for loop in list(self._loops):
+            if not loop.requests:
+                self._loops.remove(loop)  # its sessions go with it; a new batch starts fresh
+                continue
+            owners = {t.request: t for t in self._running if t.loop is loop}
+            try:
+                with self.ensemble.hold():
+                    out = loop.step()
+                self.steps += 1
+            except Exception as error:  # handed to each request's caller
+                self._loops.remove(loop)
+                for ticket in owners.values():
+                    self._running.remove(ticket)
+                    _hand(ticket, error)
+                continue
+            for request, chunk in out:
+                ticket = owners[request]
+                if chunk.result is not None:
+                    self._running.remove(ticket)
+                if not ticket.cancelled:
+                    _hand(ticket, chunk)
+
+    def _leave(self, ticket: Ticket) -> None:
+        self._running.remove(ticket)
+        if ticket.loop is not None and ticket.request is not None:
+            with self.ensemble.hold():
+                ticket.loop.cancel([ticket.request])
+
+    def _end_all(self, error: BaseException) -> None:
+        with self._wake:
+            left = list(self._waiting) + list(self._running)
+            self._waiting.clear()
+        self._running = []
+        for loop in self._loops:
+            try:
+                with self.ensemble.hold():
+                    loop.close()
+            except EnsembleError:
+                pass  # the ensemble was closed first: its members are gone anyway
+        self._loops = []
+        for ticket in left:
+            if not ticket.cancelled:
+                _hand(ticket, error)
+
+
+def _hand(ticket: Ticket, item: StreamChunk | BaseException) -> None:
+    """Deliver without letting one caller's failing callback stop everyone's generation."""
+    try:
+        ticket.deliver(item)
+    except Exception:  # a caller's callback; the caller learns nothing more either way
+        ticket.cancelled = True
