@@ -6,6 +6,7 @@ ensemble-llm run PROMPT -m NAME ...   generate once with one or more members
 ensemble-llm eval --config FILE       measure configurations x tasks (see `ensemble_core.eval`)
 ensemble-llm calibrate --config FILE --configuration NAME --task TASK@SLICE
                                       pick its weights / threshold / drafter on a held-out slice
+ensemble-llm serve -m NAME ...        serve the ensemble with OpenAI's API (see `ensemble_core.serving`)
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     return calibrate(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from ensemble_core.serving.command import serve
+
+    return serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ensemble-llm", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_calibrate_arguments(calibrate)
     calibrate.set_defaults(handler=_calibrate)
+    serve = commands.add_parser("serve", help="serve the ensemble with an OpenAI-compatible API")
+    from ensemble_core.serving.command import add_arguments as add_serve_arguments
+
+    add_serve_arguments(serve)
+    serve.set_defaults(handler=_serve)
     return parser
 
 

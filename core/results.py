@@ -40,6 +40,14 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    def headline(self) -> dict[str, int]:
+        """The headline counts under the names chat APIs use (prompt, completion, total tokens)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
 
 @dataclass(frozen=True)
 class MemberStats:

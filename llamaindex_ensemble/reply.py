@@ -29,7 +29,7 @@ from ensemble_core.results import StreamChunk
 def chat_response(reply: Reply, model_name: str) -> ChatResponse:
     """The whole reply as one `ChatResponse`: text and tool-call blocks, usage and ensemble stats."""
     message = assistant_message(reply.content, reply.tool_calls, reply.invalid_tool_calls)
-    return ChatResponse(message=message, raw=raw_response(reply, model_name), additional_kwargs=token_counts(reply))
+    return ChatResponse(message=message, raw=raw_response(reply, model_name), additional_kwargs=reply.usage.headline())
 
 
 def streamed_response(assembler: ReplyAssembler, chunk: StreamChunk, model_name: str) -> ChatResponse | None:
@@ -47,7 +47,7 @@ def streamed_response(assembler: ReplyAssembler, chunk: StreamChunk, model_name:
     if reply is None:
         return ChatResponse(message=message, delta=delta)
     return ChatResponse(
-        message=message, delta=delta, raw=raw_response(reply, model_name), additional_kwargs=token_counts(reply)
+        message=message, delta=delta, raw=raw_response(reply, model_name), additional_kwargs=reply.usage.headline()
     )
 
 
@@ -63,16 +63,6 @@ def assistant_message(text: str, calls: Sequence[ToolCall], invalid: Sequence[In
     return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=extra)
 
 
-def token_counts(reply: Reply) -> dict[str, int]:
-    """The headline counts, in the tokens of the method's reference member (see `Usage.counted_by`)."""
-    usage = reply.usage
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-    }
-
-
 def raw_response(reply: Reply, model_name: str) -> dict[str, Any]:
     """JSON-friendly: why the reply ended, usage (with every member's own counts), ensemble stats.
 
@@ -86,7 +76,7 @@ def raw_response(reply: Reply, model_name: str) -> dict[str, Any]:
         "model": model_name,
         "finish_reason": reply.finish_reason,
         "ensemble_finish_reason": reply.result.finish_reason,
-        "usage": {**token_counts(reply), "counted_by": reply.usage.counted_by, "members": members},
+        "usage": {**reply.usage.headline(), "counted_by": reply.usage.counted_by, "members": members},
         "ensemble": reply.summary(),
     }
 

@@ -24,6 +24,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         "langchain_chain.py",
         "langchain_rag.py",
         "langchain_agent.py",
+        "serve_chatopenai.py",
     ],
 )
 def test_example_runs(script: str) -> None:
@@ -38,6 +39,8 @@ def test_example_runs(script: str) -> None:
     if script == "langchain_chain.py":
         assert "=== streamed answer" in done.stdout and "share of tokens decided" in done.stdout
         assert "Geners" not in done.stdout  # the word Qwen and SmolLM2 split differently (issue 11)
+    if script == "serve_chatopenai.py":
+        assert "=== streamed through ChatOpenAI" in done.stdout and "share of tokens decided" in done.stdout
     if script == "langchain_agent.py":
         assert "[tool] " in done.stdout  # the Python tool ran on the call the model made
 

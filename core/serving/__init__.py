@@ -1,0 +1,1 @@
+"""`ensemble-llm serve`: the ensemble behind an OpenAI-compatible HTTP API."""

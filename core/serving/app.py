@@ -1,0 +1,283 @@
+"""The ASGI app of `ensemble-llm serve`: OpenAI's chat and completions API over one ensemble.
+
+Every generation goes through one `Batcher`, so concurrent requests share batched forwards
+(continuous batching). Input is checked, and prompts rendered and measured against the
+context window, before a request is queued: a bad request costs no model time. The event
+loop never runs model work; it waits on the batcher's deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from ensemble_core.batching import Batcher, QueueFull, RequestTimeout, Ticket
+from ensemble_core.chat.reply import Reply, ReplyAssembler
+from ensemble_core.chat.request import ChatRequest, build_request
+from ensemble_core.ensemble import Ensemble
+from ensemble_core.errors import ConfigError, EnsembleError
+from ensemble_core.results import StreamChunk
+from ensemble_core.serving import openai_format as wire
+from ensemble_core.serving.openai_format import ApiError, ParsedCall
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How the server answers.
+
+    Attributes:
+        model_id: the one model id it serves (`GET /v1/models`); default: the ensemble's name.
+        api_key: when set, every `/v1` request needs `Authorization: Bearer <key>`.
+        max_batch: requests generating at once (one batched forward per step).
+        max_queue: requests waiting beyond those; more get 429.
+        request_timeout: seconds a request may take in all (queue included) before it is stopped (504).
+        default_tokens: `max_tokens` when a request gives none.
+        max_tokens: the largest `max_tokens` a request may ask for.
+        max_body_bytes: the largest request body (413 beyond).
+        cors_origins: origins allowed by CORS (none: CORS stays off).
+    """
+
+    model_id: str | None = None
+    api_key: str | None = None
+    max_batch: int = 8
+    max_queue: int = 64
+    request_timeout: float = 600.0
+    default_tokens: int = 256
+    max_tokens: int = 4096
+    max_body_bytes: int = 1 << 20
+    cors_origins: tuple[str, ...] = ()
+
+
+def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> FastAPI:
+    """The app for one ensemble; its batcher starts now and ends with the app's shutdown
+    (`app.state.batcher`). The ensemble stays open: closing it is the caller's job."""
+    settings = settings or ServeSettings()
+    served = settings.model_id or ensemble.model_name
+    batcher = Batcher(ensemble, max_batch=settings.max_batch, max_queue=settings.max_queue)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(batcher.close)
+
+    app = FastAPI(title="ensemble-llm", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.batcher = batcher
+    if settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"], allow_headers=["*"]
+        )
+    created = int(time.time())
+    limits = {"served": served, "default_tokens": settings.default_tokens, "max_tokens": settings.max_tokens}
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body, status_code=error.status)
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next: Callable) -> Any:
+        if request.url.path.startswith("/v1"):
+            try:
+                _check_key(request, settings.api_key)
+                _check_size(request, settings.max_body_bytes)
+            except ApiError as error:
+                return JSONResponse(error.body, status_code=error.status)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        running, waiting = batcher.load
+        return {"status": "ok", "model": served, "running": running, "waiting": waiting}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": served, "object": "model", "created": created, "owned_by": "ensemble-llm"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body = await _json_body(request, settings.max_body_bytes)
+        call = wire.read_chat_body(body, **limits)
+        chat = await asyncio.to_thread(_chat_request, ensemble, call, served)  # may score tools (pick_tool)
+        return await answer(call, chat, as_chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = await _json_body(request, settings.max_body_bytes)
+        call = wire.read_completion_body(body, **limits)
+        chat = _checked(lambda: ChatRequest(call.messages, _settings_only(call.options)))
+        return await answer(call, chat, as_chat=False)
+
+    async def answer(call: ParsedCall, chat: ChatRequest, *, as_chat: bool) -> Any:
+        chunks = await _submit(ensemble, batcher, chat, settings.request_timeout)
+        completion_id = wire.new_id("chatcmpl" if as_chat else "cmpl")
+        if call.stream:
+            events = _events(chunks, chat, completion_id, served, call.include_usage, as_chat=as_chat)
+            return EventSourceResponse(events)
+        reply = await _whole_reply(chunks, chat)
+        whole = wire.chat_completion if as_chat else wire.text_completion
+        return whole(reply, completion_id, served)
+
+    return app
+
+
+# ---------------------------------------------------------------------- checks
+
+
+def _check_key(request: Request, api_key: str | None) -> None:
+    if not api_key:
+        return
+    given = request.headers.get("authorization", "")
+    token = given[7:] if given.lower().startswith("bearer ") else ""
+    if not hmac.compare_digest(token.encode(), api_key.encode()):
+        raise ApiError(401, "Missing or wrong API key: send `Authorization: Bearer <key>`.", code="invalid_api_key")
+
+
+def _check_size(request: Request, limit: int) -> None:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"The request body is {length} bytes; this server takes at most {limit}.")
+
+
+async def _json_body(request: Request, limit: int) -> Any:
+    raw = await request.body()
+    if len(raw) > limit:
+        raise ApiError(413, f"The request body is {len(raw)} bytes; this server takes at most {limit}.")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "The request body is not valid JSON.") from None
+
+
+def _checked(work: Callable[[], Any]) -> Any:
+    """Run input checks, turning the core's `ConfigError` into a 400 that says why."""
+    try:
+        return work()
+    except ConfigError as error:
+        code = "context_length_exceeded" if "context window" in str(error) else None
+        raise ApiError(400, str(error), code=code) from None
+
+
+def _settings_only(options: dict[str, Any]) -> dict[str, Any]:
+    settings = dict(options)
+    settings["stop"] = [settings["stop"]] if isinstance(settings.get("stop"), str) else settings.get("stop") or []
+    return settings
+
+
+def _chat_request(ensemble: Ensemble, call: ParsedCall, served: str) -> ChatRequest:
+    return _checked(
+        lambda: build_request(
+            call.messages,
+            {},
+            call.options,
+            pick_tool=ensemble.pick_tool,
+            served=served,
+            caller="the server",
+        )
+    )
+
+
+# ---------------------------------------------------------------------- generation
+
+
+async def _submit(ensemble: Ensemble, batcher: Batcher, chat: ChatRequest, timeout: float) -> _Deliveries:
+    """Check and render the request (400 on bad input), then queue it (429 when full)."""
+    prepared = await asyncio.to_thread(_checked, lambda: ensemble.prepare(chat.prompt, **chat.core_arguments))
+    deliveries = _Deliveries(asyncio.get_running_loop())
+    try:
+        deliveries.ticket = batcher.submit(prepared, deliveries.put, timeout=timeout)
+    except QueueFull as error:
+        raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
+    return deliveries
+
+
+class _Deliveries:
+    """A ticket's chunks, handed from the batcher's thread to the event loop, in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._queue: asyncio.Queue[StreamChunk | BaseException] = asyncio.Queue()
+        self.ticket: Ticket | None = None
+
+    def put(self, item: StreamChunk | BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def __aiter__(self) -> AsyncIterator[StreamChunk]:
+        try:
+            while True:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    raise _api_error_of(item)
+                yield item
+                if item.result is not None:
+                    return
+        finally:  # the client went away, or the reply ended: either way nothing more is wanted
+            if self.ticket is not None:
+                self.ticket.cancel()
+
+
+def _api_error_of(error: BaseException) -> ApiError:
+    if isinstance(error, RequestTimeout):
+        return ApiError(504, str(error), kind="timeout_error", code="timeout")
+    if isinstance(error, ConfigError):
+        return ApiError(400, str(error))
+    if isinstance(error, EnsembleError):
+        return ApiError(503, str(error), kind="server_error")
+    return ApiError(500, f"Generation failed: {type(error).__name__}: {error}", kind="server_error")
+
+
+async def _whole_reply(chunks: _Deliveries, chat: ChatRequest) -> Reply:
+    assembler = ReplyAssembler(chat)
+    async for chunk in chunks:
+        assembler.feed(chunk)
+    if assembler.reply is None:
+        raise ApiError(500, "The generation ended without a result.", kind="server_error")
+    return assembler.reply
+
+
+async def _events(
+    chunks: _Deliveries, chat: ChatRequest, completion_id: str, model: str, include_usage: bool, *, as_chat: bool
+) -> AsyncIterator[dict[str, str]]:
+    """Server-sent events of one reply: chat chunks (text and whole tool calls as deltas) or
+    raw-text completion chunks; then the finish with the report, the usage if asked, [DONE]."""
+
+    def chunk_of(content: Any = None, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+        if as_chat:
+            return wire.chat_chunk(completion_id, model, content or {}, finish_reason, **extra)
+        return wire.text_chunk(completion_id, model, content or "", finish_reason, **extra)
+
+    assembler = ReplyAssembler(chat)
+    if as_chat:
+        yield _event(chunk_of({"role": "assistant", "content": ""}))
+    try:
+        async for chunk in chunks:
+            events = assembler.feed(chunk)  # the raw text of a completion goes out as it comes
+            pieces = [wire.chat_delta(e) for e in events] if as_chat else [chunk.text]
+            for piece in pieces:
+                if piece:
+                    yield _event(chunk_of(piece))
+    except ApiError as error:
+        yield _event(error.body)
+        return
+    reply = assembler.reply
+    if reply is None:
+        return
+    yield _event(chunk_of(None, reply.finish_reason, **{wire.EXTENSION_FIELD: wire.extension(reply)}))
+    if include_usage:
+        yield _event({**chunk_of(), "choices": [], "usage": reply.usage.headline()})
+    yield {"data": "[DONE]"}
+
+
+def _event(payload: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(payload, ensure_ascii=False)}

@@ -1,0 +1,296 @@
+"""`ensemble-llm serve` against REAL clients: the `openai` package and LangChain's `ChatOpenAI`.
+
+Each test starts the app on a free local port (`serving_in_thread`). Two ensembles: a GaC
+pair of tiny float32 random models on the Qwen and SmolLM2 tokenizers (greedy results must
+equal `Ensemble.generate` for the same request, also when many clients send at once), and a
+scripted member on Qwen's tokenizer that writes a known answer, a tool call or a JSON object,
+so what the clients parse out of the wire format can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_openai import ChatOpenAI
+from openai import APIStatusError, OpenAI
+from test_requests import ending_member
+
+from ensemble_core import Ensemble
+from ensemble_core.serving.app import ServeSettings, create_app
+from ensemble_core.serving.background import serving_in_thread
+from ensemble_core.testing import FakeMember
+
+KEY = "test-key"
+ANSWER = "The capital of France is Paris."
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+OBJECT = '{"city": "Paris", "country": "France"}'
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+    "required": ["city", "country"],
+}
+
+
+def typist(tokenizer, name: str) -> FakeMember:
+    """A member that writes `CALL` when offered the tool (until its result is in), `OBJECT`
+    when asked for JSON, else `ANSWER`: each step its longest token that continues the target (then its end token)."""
+    opening = "\nassistant\n"  # the template's control tokens (<|im_start|>) spell no text
+    plain: set[bytes] = set()
+
+    def script(text: str) -> dict[str, float]:
+        prompt, _, reply = text.rpartition(opening)
+        if "get_weather" in prompt and "Sunny" not in prompt:  # offered the tool, no result yet
+            target = CALL
+        else:
+            target = OBJECT if "JSON" in prompt else ANSWER
+        if not target.startswith(reply) or reply == target:
+            return {"<eos>": 1.0}
+        rest = target[len(reply) :]
+        longest = next(rest[:n] for n in range(min(len(rest), 16), 0, -1) if rest[:n].encode() in plain)
+        return {longest: 1.0}
+
+    member = FakeMember.scripted(tokenizer, name, script, context_window=512)
+    added = set(tokenizer.added_tokens_decoder)  # "<tool_call>" is one added token: write it as text
+    plain |= {text for text, ids in member.table.ids_by_bytes.items() if set(ids) - added}
+    return member
+
+
+@pytest.fixture(scope="module")
+def pair(request) -> Ensemble:
+    tiny_member = request.getfixturevalue("tiny_member")
+    members = [ending_member(tiny_member, "tiny-llama", "a"), ending_member(tiny_member, "tiny-qwen2", "b")]
+    return Ensemble(members, method="gac")
+
+
+@pytest.fixture(scope="module")
+def pair_server(pair: Ensemble):
+    app = create_app(pair, ServeSettings(model_id="pair", api_key=KEY, max_tokens=64))
+    with serving_in_thread(app) as base_url:
+        yield base_url, app
+
+
+@pytest.fixture(scope="module")
+def writer_server(request):
+    load_tokenizer = request.getfixturevalue("load_tokenizer")
+    ensemble = Ensemble([typist(load_tokenizer("qwen2.5-coder-0.5b-instruct"), "typist")], method="single")
+    with serving_in_thread(create_app(ensemble, ServeSettings(model_id="typist"))) as base_url:
+        yield base_url, ensemble
+
+
+def client(base_url: str, key: str = KEY) -> OpenAI:
+    return OpenAI(base_url=base_url, api_key=key, max_retries=0)
+
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is the sea?"}]
+
+
+def test_chat_completion_equals_generate_and_carries_the_report(pair_server, pair: Ensemble) -> None:
+    base_url, _ = pair_server
+    completion = client(base_url).chat.completions.create(model="pair", messages=MESSAGES, max_tokens=20)
+    expected = pair.generate(MESSAGES, max_new_tokens=20)
+    assert completion.choices[0].message.content == expected.text
+    assert completion.choices[0].finish_reason == expected.api_finish_reason(False)
+    assert completion.usage.completion_tokens == expected.usage.completion_tokens
+    assert completion.usage.prompt_tokens == expected.usage.prompt_tokens
+    report = completion.model_extra["ensemble"]
+    assert report["method"] == "gac"
+    assert set(report["member_seconds"]) == {"a", "b"}
+    assert 0.0 <= report["share_ensembled"] <= 1.0
+
+
+def test_streamed_chat_adds_up_to_the_same_text_with_usage_last(pair_server, pair: Ensemble) -> None:
+    base_url, _ = pair_server
+    stream = client(base_url).chat.completions.create(
+        model="pair",
+        messages=MESSAGES,
+        max_completion_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    expected = pair.generate(MESSAGES, max_new_tokens=20)
+    assert text == expected.text
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1 and finishing[0].model_extra["ensemble"]["method"] == "gac"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == expected.usage.completion_tokens
+
+
+def test_concurrent_clients_each_get_their_text_alone_in_shared_steps(pair_server, pair: Ensemble) -> None:
+    base_url, app = pair_server
+    prompts = [f"Tell me about {topic}." for topic in ("rivers", "the sea", "mountains", "a long walk in the rain")]
+    jobs = [(p, n) for p in prompts for n in (12, 20)]
+    found: dict[int, str] = {}
+    steps_before = app.state.batcher.steps
+
+    def ask(index: int) -> None:
+        prompt, limit = jobs[index]
+        reply = client(base_url).chat.completions.create(
+            model="pair", messages=[{"role": "user", "content": prompt}], max_tokens=limit, temperature=0
+        )
+        found[index] = reply.choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    steps = app.state.batcher.steps - steps_before
+    alone = [pair.generate([{"role": "user", "content": p}], max_new_tokens=n) for p, n in jobs]
+    assert [found[i] for i in range(len(jobs))] == [r.text for r in alone]
+    assert steps < sum(r.stats.steps for r in alone)  # requests shared forwards
+
+
+def test_completions_endpoint_streamed_and_whole(pair_server, pair: Ensemble) -> None:
+    base_url, _ = pair_server
+    openai = client(base_url)
+    whole = openai.completions.create(model="pair", prompt="Once upon a time", max_tokens=16)
+    chunks = openai.completions.create(model="pair", prompt="Once upon a time", max_tokens=16, stream=True)
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    expected = pair.generate("Once upon a time", max_new_tokens=16).text
+    assert whole.choices[0].text == expected == streamed
+    assert whole.object == "text_completion"
+
+
+def test_models_health_and_errors_in_openai_shape(pair_server) -> None:
+    base_url, _ = pair_server
+    openai = client(base_url)
+    assert [m.id for m in openai.models.list().data] == ["pair"]
+    root = base_url.removesuffix("/v1")
+    assert httpx.get(f"{root}/health").json()["status"] == "ok"  # no key needed
+    cases = [
+        (client(base_url, "wrong"), {"messages": MESSAGES, "model": "pair"}, 401, "invalid_api_key"),
+        (openai, {"messages": MESSAGES, "model": "gpt-4o"}, 404, "model_not_found"),
+        (openai, {"messages": MESSAGES, "model": "pair", "n": 2}, 400, None),
+        (openai, {"messages": MESSAGES, "model": "pair", "max_tokens": 65}, 400, None),  # above the cap
+        (openai, {"messages": MESSAGES, "model": "pair", "temperature": -1}, 400, None),
+        (openai, {"messages": [{"role": "user"}], "model": "pair"}, 400, None),
+    ]
+    for api, arguments, status, code in cases:
+        with pytest.raises(APIStatusError) as caught:
+            api.chat.completions.create(**arguments)
+        assert caught.value.status_code == status, arguments
+        body = caught.value.body
+        assert body["message"] and body["type"], body  # the client unwraps {"error": {...}}
+        assert body["code"] == code
+    huge = httpx.post(
+        f"{base_url}/chat/completions",
+        content=b"x" * (2 << 20),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    assert huge.status_code == 413 and "at most" in huge.json()["error"]["message"]
+
+
+def test_a_full_queue_answers_429(pair: Ensemble) -> None:
+    app = create_app(pair, ServeSettings(model_id="pair", max_batch=1, max_queue=1))
+    batcher = app.state.batcher
+    with serving_in_thread(app) as base_url:
+        with pair.hold():  # the first request is taken and waits for the ensemble; one more waits
+            batcher.submit(pair.prepare("The", max_new_tokens=2), lambda _: None)
+            while batcher.load[1]:
+                time.sleep(0.001)
+            batcher.submit(pair.prepare("The", max_new_tokens=2), lambda _: None)
+            with pytest.raises(APIStatusError) as caught:
+                client(base_url).chat.completions.create(model="pair", messages=MESSAGES)
+        assert caught.value.status_code == 429 and caught.value.body["code"] == "queue_full"
+
+
+def test_a_client_that_goes_away_stops_its_generation(pair_server) -> None:
+    base_url, app = pair_server
+    batcher = app.state.batcher
+    body = {"model": "pair", "messages": MESSAGES, "max_tokens": 64, "stop": ["never"], "stream": True}
+    with httpx.stream(
+        "POST", f"{base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:") and "content" in line:
+                break
+    deadline = time.monotonic() + 30
+    while batcher.load != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batcher.load == (0, 0)
+
+
+def test_a_request_past_its_timeout_gets_504(pair: Ensemble) -> None:
+    app = create_app(pair, ServeSettings(model_id="pair", request_timeout=0.0))
+    with serving_in_thread(app) as base_url, pytest.raises(APIStatusError) as caught:
+        client(base_url).chat.completions.create(model="pair", messages=MESSAGES)
+    assert caught.value.status_code == 504 and caught.value.body["code"] == "timeout"
+
+
+def test_tool_calls_whole_and_streamed(writer_server) -> None:
+    base_url, _ = writer_server
+    openai = client(base_url, "none")
+    asked = {"model": "typist", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER]}
+    completion = openai.chat.completions.create(**asked)
+    [call] = completion.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert call.id.startswith("call_")
+    deltas = [c.choices[0].delta for c in openai.chat.completions.create(**asked, stream=True) if c.choices]
+    streamed = [d.tool_calls[0] for d in deltas if d.tool_calls]
+    assert [(s.index, s.function.name, json.loads(s.function.arguments)) for s in streamed] == [
+        (0, "get_weather", {"city": "Paris"})
+    ]
+    forced = openai.chat.completions.create(
+        **asked, tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
+    assert forced.choices[0].message.tool_calls[0].function.name == "get_weather"
+    history = [
+        *asked["messages"],
+        completion.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"},
+    ]
+    follow_up = openai.chat.completions.create(model="typist", messages=history)
+    assert follow_up.choices[0].message.content == ANSWER  # the tool's result went back in as a turn
+
+
+def test_json_schema_reply(writer_server) -> None:
+    base_url, _ = writer_server
+    completion = client(base_url, "none").chat.completions.create(
+        model="typist",
+        messages=[{"role": "user", "content": "Which city is the capital of France?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}},
+    )
+    assert json.loads(completion.choices[0].message.content) == json.loads(OBJECT)
+
+
+def test_chat_openai_runs_the_example_chain_with_the_same_text(writer_server) -> None:
+    base_url, ensemble = writer_server
+    llm = ChatOpenAI(base_url=base_url, api_key="none", model="typist", max_tokens=32, temperature=0, max_retries=0)
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "You are a concise Python tutor."), ("human", "Explain {topic} in two sentences.")]
+    )
+    chain = prompt | llm | StrOutputParser()
+    messages = [
+        {"role": "system", "content": "You are a concise Python tutor."},
+        {"role": "user", "content": "Explain generators in two sentences."},
+    ]
+    expected = ensemble.generate(messages, max_new_tokens=32, temperature=0).text
+    assert chain.invoke({"topic": "generators"}) == expected == ANSWER
+    assert "".join(chain.stream({"topic": "generators"})) == expected
+    message = (prompt | llm).invoke({"topic": "generators"})
+    assert message.usage_metadata["output_tokens"] > 0
+
+
+def test_context_window_is_checked_before_queueing(writer_server) -> None:
+    base_url, _ = writer_server
+    with pytest.raises(APIStatusError) as caught:
+        client(base_url, "none").chat.completions.create(
+            model="typist", messages=[{"role": "user", "content": "word " * 600}], max_tokens=16
+        )
+    assert caught.value.status_code == 400 and caught.value.body["code"] == "context_length_exceeded"
