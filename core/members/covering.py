@@ -295,7 +295,35 @@ class CoveringMode:
         return False
 
     def sync(self, state: RequestState, kept: int) -> None:
-        """Nothing to encode: the next covering reads the new bytes."""
+        """Nothing to encode (the next covering reads the new bytes), except that the member's
+        last own token is read again when text it did not write follows it: its bytes may merge
+        with what follows (Qwen wrote " allow", the ensemble added "s": kept as written, Qwen
+        could only continue with tokens after " allow" that start with "s", and wrote
+        "allowsthe"; read again, " allows" is one of the paths). `plan_read` applies the same
+        rule inside a draft, so a verifier's state never depends on where a round began."""
+        if not state.unspelled or not self._ends_with_own_token(state):
+            return
+        tree = self.session.tree
+        head = tree.head(state.key)
+        base, spelled = self._reread_from(state, head)
+        if base is head:
+            return
+        tree.set_head(state.key, base)
+        state.spelled -= len(spelled)
+        state.kept_until -= 1
+
+    def _ends_with_own_token(self, state: RequestState) -> bool:
+        """The history ends with a token the member wrote (kept at the last commit)."""
+        return len(self.session.tree.row(state.key).history) == state.kept_until
+
+    def _reread_from(self, state: RequestState, node: Node) -> tuple[Node, bytes]:
+        """Where text the member did not write that follows its own token `node` is covered
+        from: the token's parent, with the token's bytes read again; `node` itself when it is
+        part of the fixed prompt or a control token (which spells nothing and merges with nothing)."""
+        spelled = self.table.token_bytes[node.token] or b""
+        if node.parent is None or node.depth < state.fixed or not spelled:
+            return node, b""
+        return node.parent, spelled
 
     def nodes_to_keep(self, state: RequestState) -> Sequence[Node]:
         head = self.session.tree.head(state.key)
@@ -590,13 +618,15 @@ class CoveringMode:
             frontier = [tree.child(node, token) for node in frontier for token in ids]
             j += 1
         reading.adopted = j
+        own = j > start or bool(state.written) or (not pending and self._ends_with_own_token(state))
         for node in frontier:
             tree.want(node)
             tail: list[Covering | None] = []
-            text = pending
+            base, text = self._reread_from(state, node) if own else (node, b"")
+            text += pending
             for piece in pieces[j:]:
                 text += piece
-                covering = self.cover(node, text)
+                covering = self.cover(base, text)
                 if covering is not None:
                     self.want(covering)
                 tail.append(covering)

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from ensemble_core.members.contract import Boundary, RequestId
+from ensemble_core.members.contract import Boundary, Pick, RequestId
 from ensemble_core.members.covering import PROBES
 from ensemble_core.methods.choice import greedy_choice
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
@@ -199,3 +199,31 @@ def test_text_the_member_wrote_itself_gives_the_plain_distribution(tiny_member) 
     history = session.tree.head(RID).ids()
     expected = torch.softmax(uncached_all_logits(member.model, history)[-1].float(), dim=-1)
     torch.testing.assert_close(after.dense, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["tiny-qwen2", "tiny-llama"])
+def test_foreign_text_after_an_own_token_is_read_with_it(arch: str, tiny_member) -> None:
+    """The member writes " allow" (its own token), the ensemble adds "s": what it gives next must
+    be its distribution after the TEXT " allows" (as if it had written none of it), not only
+    continuations of " allow" that start with "s" (which wrote "allowsthe")."""
+    member = tiny_member(arch)
+    prompt = member.render("The tool")
+    [own] = member.tokenizer.encode(" allow", add_special_tokens=False)
+    written = member.start({RID: prompt}, Boundary.CORRECT)
+    [first] = written.next([RID])
+    if not first.exact:
+        [first] = written.next([RID])
+    assert written.write(RID, first, Pick(-1, own))
+    written.commit(RID, b" allow")
+    [_] = written.next([RID])
+    written.commit(RID, b"s")
+    [found] = written.next([RID])
+    foreign = member.start({RID: prompt}, Boundary.CORRECT)
+    foreign.commit(RID, b" allows")
+    [expected] = foreign.next([RID])
+    assert [g.skip for g in found.partial] == [g.skip for g in expected.partial]
+    for got, want in zip(found.partial, expected.partial, strict=True):
+        assert got.token_ids.tolist() == want.token_ids.tolist()
+        torch.testing.assert_close(got.probs, want.probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(found.dense, expected.dense, atol=1e-5, rtol=0)
+    assert member.table.spell(written.token_ids(RID)) == b" allows"
