@@ -53,10 +53,8 @@ def typist(tokenizer, name: str) -> FakeMember:
 
     def script(text: str) -> dict[str, float]:
         prompt, _, reply = text.rpartition(opening)
-        if "get_weather" in prompt and "Sunny" not in prompt:  # offered the tool, no result yet
-            target = CALL
-        else:
-            target = OBJECT if "JSON" in prompt else ANSWER
+        offered = "get_weather" in prompt and "Sunny" not in prompt  # the tool, and no result yet
+        target = CALL if offered else OBJECT if "JSON" in prompt else ANSWER
         if not target.startswith(reply) or reply == target:
             return {"<eos>": 1.0}
         rest = target[len(reply) :]

@@ -1,0 +1,50 @@
+"""`ensemble-llm serve`'s options: defaults, a YAML file, the command line over both; every
+mistake is an error naming the fix, before any model loads (the example starts the real command)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ensemble_core.cli import build_parser, main
+from ensemble_core.serving.command import API_KEY_ENV, options_of
+
+
+def parsed(*argv: str):
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_the_command_line_wins_over_the_file_and_the_file_over_defaults(tmp_path: Path, monkeypatch) -> None:
+    config = tmp_path / "serve.yaml"
+    models = "models: [qwen2.5-coder-0.5b-instruct, smollm2-135m-instruct]\n"
+    config.write_text(models + "method: gac\nport: 9000\nmax-batch: 4\n")
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    options = options_of(parsed("--config", str(config), "--port", "9100", "--method-params", '{"weights": "auto"}'))
+    assert options["model"] == ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+    assert (options["method"], options["port"], options["max_batch"]) == ("gac", 9100, 4)
+    assert options["method_params"] == {"weights": "auto"}
+    assert options["host"] == "127.0.0.1"  # this machine only, unless asked
+    assert options["api_key"] == "from-env"
+    assert options_of(parsed("-m", "x", "--api-key", "given"))["api_key"] == "given"
+
+
+@pytest.mark.parametrize(
+    ("argv", "config", "message"),
+    [
+        ((), None, "at least one model"),
+        (("-m", "x", "--method-params", "{drafter"), None, "not valid JSON"),
+        (("-m", "x", "--max-batch", "0"), None, "max_batch"),
+        (("-m", "x", "--default-tokens", "900", "--max-tokens", "800"), None, "above max_tokens"),
+        ((), "model: x\nthreads: 3\n", "unknown options \\['threads'\\]"),
+        (("-m", "x", "--method", "nope"), None, "nope"),
+    ],
+)
+def test_mistakes_fail_before_loading(argv, config, message, tmp_path: Path, capsys) -> None:
+    if config is not None:
+        path = tmp_path / "serve.yaml"
+        path.write_text(config)
+        argv = (*argv, "--config", str(path))
+    assert main(["serve", *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)
