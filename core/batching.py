@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ensemble_core.decode import DecodeLoop, batch_key
 from ensemble_core.ensemble import Ensemble, PreparedRequest
-from ensemble_core.errors import ClosedError, ConfigError, EnsembleError
+from ensemble_core.errors import ConfigError, EnsembleError
 from ensemble_core.members.contract import RequestId
 from ensemble_core.results import StreamChunk
 
@@ -67,8 +67,8 @@ class Batcher:
     """
 
     def __init__(self, ensemble: Ensemble, max_batch: int = 8, max_queue: int = 64):
-        if max_batch < 1 or max_queue < 0:
-            raise ConfigError(f"`max_batch` must be >= 1 and `max_queue` >= 0, but are {max_batch}, {max_queue}.")
+        if max_batch < 1 or max_queue < 1:
+            raise ConfigError(f"`max_batch` and `max_queue` must be >= 1, but are {max_batch} and {max_queue}.")
         self.ensemble = ensemble
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -94,11 +94,10 @@ class Batcher:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._wake:
             if self._stopping:
-                raise EnsembleError("This batcher was closed; make a new one.")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(
-                    f"{len(self._waiting)} requests are already waiting (max_queue={self.max_queue}); retry later."
-                )
+                raise EnsembleError("This batcher was closed (or its ensemble was); make a new one.")
+            waiting = sum(not t.cancelled for t in self._waiting)
+            if waiting >= self.max_queue:
+                raise QueueFull(f"{waiting} requests are already waiting (max_queue={self.max_queue}); retry later.")
             ticket = Ticket(prepared, deliver, deadline, next(self._numbers))
             self._waiting.append(ticket)
             self._wake.notify()
@@ -131,25 +130,26 @@ class Batcher:
                 self._admit(admitting)
                 self._retire_expired()
                 self._step_all()
-            except ClosedError as error:  # the ensemble was closed under us: nothing can run any more
+            except BaseException as error:  # the ensemble closed under us, or a bug: no one may hang
                 self._end_all(error)
                 return
         self._end_all(EnsembleError("The batcher was closed before the request finished."))
 
     def _take_admissible(self) -> list[Ticket]:
-        room = self.max_batch - len(self._running)
-        taken = []
+        """Called holding `_wake`: drop dead tickets (cancelled, or past their deadline, on
+        every pass, so they never fill the queue), then take what fits into the batch."""
         now = time.monotonic()
-        while self._waiting and room > 0:
-            ticket = self._waiting.popleft()
+        live: deque[Ticket] = deque()
+        for ticket in self._waiting:
             if ticket.cancelled:
                 continue
             if ticket.deadline is not None and now >= ticket.deadline:
                 _hand(ticket, RequestTimeout("The request waited past its timeout and was not started."))
                 continue
-            taken.append(ticket)
-            room -= 1
-        return taken
+            live.append(ticket)
+        self._waiting = live
+        room = self.max_batch - len(self._running)
+        return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
 
     def _admit(self, tickets: list[Ticket]) -> None:
         groups: dict[tuple, list[Ticket]] = {}
@@ -177,9 +177,9 @@ class Batcher:
             expired = ticket.deadline is not None and now >= ticket.deadline
             if not (ticket.cancelled or expired):
                 continue
-            self._leave(ticket)
-            if expired and not ticket.cancelled:
+            if expired and not ticket.cancelled:  # told first: freeing its rows may fail (a closed ensemble)
                 _hand(ticket, RequestTimeout("The request ran past its timeout and was stopped."))
+            self._leave(ticket)
 
     def _step_all(self) -> None:
         for loop in list(self._loops):
@@ -212,6 +212,7 @@ class Batcher:
 
     def _end_all(self, error: BaseException) -> None:
         with self._wake:
+            self._stopping = True  # nothing submitted from now on would ever be served
             left = list(self._waiting) + list(self._running)
             self._waiting.clear()
         self._running = []

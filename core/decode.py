@@ -13,13 +13,13 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.members.base import Member
-from ensemble_core.members.contract import Boundary, MemberSession, RenderedPrompt, RequestId
+from ensemble_core.members.contract import Boundary, MemberSession, RenderedPrompt, RequestId, SessionStats
 from ensemble_core.members.lanes import Lanes
 from ensemble_core.methods.base import Binding, Commit, DecodeState, MethodRun
 from ensemble_core.results import (
@@ -46,6 +46,7 @@ class _Active:
     text: TextBuffer
     limit: int  # its max_new_tokens
     started: float
+    since: dict[int, SessionStats]  # the sessions' totals when it joined (its stats are what came after)
     steps: int = 0
 
 
@@ -125,15 +126,23 @@ class DecodeLoop:
             if batch_key(one) != batch_key(self.settings):
                 raise ValueError("a request joins only a batch with the same temperature, top_p and stop")
         requests = [RequestId(next(_REQUEST_IDS)) for _ in range(count)]
-        for m, rendered in prompts.items():
-            given = dict(zip(requests, rendered, strict=True))
-            if m in self._sessions:
-                self._sessions[m].admit(given)
-            else:
-                self._sessions[m] = self._lanes.session(m, self._members[m].start(given, self._boundary))
+        joined: list[MemberSession] = []
+        try:
+            for m, rendered in prompts.items():
+                given = dict(zip(requests, rendered, strict=True))
+                if m in self._sessions:
+                    self._sessions[m].admit(given)
+                else:
+                    self._sessions[m] = self._lanes.session(m, self._members[m].start(given, self._boundary))
+                joined.append(self._sessions[m])
+        except BaseException:  # no member keeps rows of requests that never joined
+            for session in joined:
+                session.drop(requests)
+            raise
         now = time.perf_counter()
+        since = {m: session.stats() for m, session in self._sessions.items()}
         for index, (request, one) in enumerate(zip(requests, per_request, strict=True)):
-            item = _Active(request, index, TextBuffer(self.settings.stop), one.max_new_tokens, now)
+            item = _Active(request, index, TextBuffer(self.settings.stop), one.max_new_tokens, now, since)
             self._active.append(item)
             self._state.generators[request] = row_generator(one)
             self._state.tails[request] = item.text.tail
@@ -249,7 +258,7 @@ def _result(
         method=binding.method.name,
         steps=item.steps,
         wall_seconds=time.perf_counter() - item.started,
-        members=_member_stats(members, sessions),
+        members=_member_stats(members, sessions, item.since),
         method_stats=run.stats(item.request),
     )
     token_ids = {members[m].name: session.token_ids(item.request) for m, session in sessions.items()}
@@ -276,10 +285,13 @@ def _usage(
     return Usage(headline.prompt_tokens, headline.completion_tokens, reference, per_member)
 
 
-def _member_stats(members: Sequence[Member], sessions: dict[int, MemberSession]) -> dict[str, MemberStats]:
+def _member_stats(
+    members: Sequence[Member], sessions: dict[int, MemberSession], since: dict[int, SessionStats]
+) -> dict[str, MemberStats]:
+    """Each member's work while the request ran (the whole batch's, from the request's admission)."""
     found = {}
     for m, session in sessions.items():
-        totals = session.stats()
+        totals = _difference(session.stats(), since.get(m, SessionStats()))
         found[members[m].name] = MemberStats(
             forwards=totals.forwards,
             forward_seconds=totals.forward_seconds,
@@ -291,3 +303,7 @@ def _member_stats(members: Sequence[Member], sessions: dict[int, MemberSession])
             unspellable=totals.unspellable,
         )
     return found
+
+
+def _difference(now: SessionStats, before: SessionStats) -> SessionStats:
+    return SessionStats(**{f.name: getattr(now, f.name) - getattr(before, f.name) for f in fields(SessionStats)})

@@ -160,11 +160,13 @@ def test_a_full_queue_refuses_and_a_deadline_stops_a_request(pair: Ensemble) -> 
         batcher.submit(pair.prepare("The", max_new_tokens=4), first)
         while batcher.load[1]:
             time.sleep(0.001)
-        waiting = [Collector(), Collector()]
-        for collector in waiting:
-            batcher.submit(pair.prepare("The", max_new_tokens=4), collector)
+        waiting = [Collector(), Collector(), Collector()]
+        tickets = [batcher.submit(pair.prepare("The", max_new_tokens=4), c) for c in waiting[:2]]
         with pytest.raises(QueueFull, match="max_queue=2"):
             batcher.submit(pair.prepare("The", max_new_tokens=4), Collector())
+        tickets[0].cancel()  # a cancelled ticket no longer takes a place in the queue
+        batcher.submit(pair.prepare("The", max_new_tokens=4), waiting[2])
+    waiting = waiting[1:]
     for collector in [first, *waiting]:
         assert collector.result().text == pair.generate("The", max_new_tokens=4).text
     late, queued_late = Collector(), Collector()

@@ -311,10 +311,12 @@ class CoveringMode:
         tree.set_head(state.key, base)
         state.spelled -= len(spelled)
         state.kept_until -= 1
+        state.own_head = False  # only the last own token is read again, once
 
-    def _ends_with_own_token(self, state: RequestState) -> bool:
-        """The history ends with a token the member wrote (kept at the last commit)."""
-        return len(self.session.tree.row(state.key).history) == state.kept_until
+    @staticmethod
+    def _ends_with_own_token(state: RequestState) -> bool:
+        """The history ends with a token the member wrote (kept at a commit, not moved since)."""
+        return state.own_head
 
     def _reread_from(self, state: RequestState, node: Node) -> tuple[Node, bytes]:
         """Where text the member did not write that follows its own token `node` is covered
@@ -532,6 +534,7 @@ class CoveringMode:
         """The covering's stable tokens join the history (they never change again)."""
         if covering.advance:
             self.session.tree.set_head(state.key, covering.trunk)
+            state.own_head = False
             state.spelled += covering.advance_bytes
             self.session.count_reencoded(len(covering.advance), rolled_back=False)
 

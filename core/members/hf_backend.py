@@ -144,7 +144,9 @@ class HFBackend(Backend):
             return
         for layer in self._cache.layers:
             for name in ("keys", "values"):
-                held = getattr(layer, name)
+                held = getattr(layer, name, None)
+                if held is None:  # a layer not filled yet (or one that shares another's cache)
+                    continue
                 blank = held.new_zeros((count, *held.shape[1:]))
                 setattr(layer, name, torch.cat([held, blank]))
 

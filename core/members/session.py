@@ -71,6 +71,7 @@ class RequestState:
     written: list[Node] = field(default_factory=list)
     written_text: bytes = b""
     kept_until: int = 0  # history length after the last commit's own tokens (re-encoding starts after)
+    own_head: bool = False  # the history ends with a token the member wrote itself
     stuck: bool = False  # the committed text has bytes this member cannot spell: it sits out for good
 
     @property
@@ -245,6 +246,7 @@ class TreeSession:
             self.tree.set_head(state.key, state.written[kept - 1])
             state.spelled += size
             state.kept_until = len(self.tree.row(state.key).history)
+            state.own_head = True
             self._counts.own_tokens += kept
         return kept
 

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ensemble_core.batching import Batcher, QueueFull, RequestTimeout, Ticket
 from ensemble_core.chat.reply import Reply, ReplyAssembler
@@ -83,7 +84,17 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body, status_code=error.status)
+        return JSONResponse(error.body, status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:  # 404, 405, ...
+        body = ApiError(error.status_code, str(error.detail)).body
+        return JSONResponse(body, status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, error: Exception) -> JSONResponse:
+        found = _api_error_of(error)
+        return JSONResponse(found.body, status_code=found.status, headers=found.headers)
 
     @app.middleware("http")
     async def _guard(request: Request, call_next: Callable) -> Any:
@@ -92,7 +103,7 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
                 _check_key(request, settings.api_key)
                 _check_size(request, settings.max_body_bytes)
             except ApiError as error:
-                return JSONResponse(error.body, status_code=error.status)
+                return JSONResponse(error.body, status_code=error.status, headers=error.headers)
         return await call_next(request)
 
     @app.get("/health")

@@ -76,7 +76,7 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("`method_params` must be a JSON/YAML object of the method's parameters.")
     options["api_key"] = options["api_key"] or os.environ.get(API_KEY_ENV) or None
     for name in ("port", "max_batch", "max_queue", "default_tokens", "max_tokens", "max_body_bytes"):
-        if not isinstance(options[name], int) or options[name] < (0 if name == "max_queue" else 1):
+        if not isinstance(options[name], int) or options[name] < 1:
             raise ConfigError(f"`{name}` must be a positive integer, but is {options[name]!r}.")
     if options["default_tokens"] > options["max_tokens"]:
         raise ConfigError(f"default_tokens={options['default_tokens']} is above max_tokens={options['max_tokens']}.")

@@ -51,7 +51,9 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 
 
 class ApiError(Exception):
-    """A request the server refuses, in the OpenAI error shape (`body`) with its HTTP status."""
+    """A request the server refuses, in the OpenAI error shape (`body`) with its HTTP status
+    (and headers: clients retry a 429 after `retry-after`, and never retry a 504 that already
+    used up its time, `x-should-retry: false`, which the openai client obeys)."""
 
     def __init__(
         self,
@@ -65,6 +67,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+        self.headers = {"retry-after": "1"} if status == 429 else {"x-should-retry": "false"} if status == 504 else {}
 
 
 @dataclass(frozen=True)

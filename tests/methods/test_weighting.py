@@ -86,9 +86,7 @@ def test_the_agreement_rule_learns_from_the_committed_text(load_tokenizer) -> No
         return {start: {" yes": 1.0}, start + " yes": {" no": 0.55, " yes": 0.45}}.get(text, {"<eos>": 1.0})
 
     def wavering(text: str) -> dict[str, float]:
-        return {start: {" yes": 0.6, " no": 0.4}, start + " yes": {" yes": 0.6, " no": 0.4}}.get(
-            text, {"<eos>": 1.0}
-        )
+        return {start: {" yes": 0.6, " no": 0.4}, start + " yes": {" yes": 0.6, " no": 0.4}}.get(text, {"<eos>": 1.0})
 
     members = [FakeMember.scripted(tokenizer, "steady", steady), FakeMember.scripted(tokenizer, "wavering", wavering)]
     # Equal weights at the second step: (0.45 + 0.6) / 2 for " yes" beats (0.55 + 0.4) / 2.

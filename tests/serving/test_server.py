@@ -225,9 +225,13 @@ def test_a_client_that_goes_away_stops_its_generation(pair_server) -> None:
 
 def test_a_request_past_its_timeout_gets_504(pair: Ensemble) -> None:
     app = create_app(pair, ServeSettings(model_id="pair", request_timeout=0.0))
-    with serving_in_thread(app) as base_url, pytest.raises(APIStatusError) as caught:
-        client(base_url).chat.completions.create(model="pair", messages=MESSAGES)
-    assert caught.value.status_code == 504 and caught.value.body["code"] == "timeout"
+    with serving_in_thread(app) as base_url:
+        with pytest.raises(APIStatusError) as caught:
+            client(base_url).chat.completions.create(model="pair", messages=MESSAGES)
+        assert caught.value.status_code == 504 and caught.value.body["code"] == "timeout"
+        assert caught.value.response.headers["x-should-retry"] == "false"  # its time is spent: no retries
+        missing = httpx.get(f"{base_url}/nothing-here")
+        assert missing.status_code == 404 and missing.json()["error"]["type"]
 
 
 def test_tool_calls_whole_and_streamed(writer_server) -> None:
