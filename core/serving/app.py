@@ -31,6 +31,8 @@ from ensemble_core.results import StreamChunk
 from ensemble_core.serving import openai_format as wire
 from ensemble_core.serving.openai_format import ApiError, ParsedCall
 
+_DISCONNECT_POLL_SECONDS = 0.5
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -96,15 +98,12 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
         found = _api_error_of(error)
         return JSONResponse(found.body, status_code=found.status, headers=found.headers)
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next: Callable) -> Any:
-        if request.url.path.startswith("/v1"):
-            try:
-                _check_key(request, settings.api_key)
-                _check_size(request, settings.max_body_bytes)
-            except ApiError as error:
-                return JSONResponse(error.body, status_code=error.status, headers=error.headers)
-        return await call_next(request)
+    def guard(request: Request) -> None:
+        """Every /v1 call: the API key, then the declared body size. (An endpoint check, not an
+        HTTP middleware: Starlette's middleware wraps `receive`, and a client's disconnect would
+        no longer reach `Request.is_disconnected`.)"""
+        _check_key(request, settings.api_key)
+        _check_size(request, settings.max_body_bytes)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -112,31 +111,34 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
         return {"status": "ok", "model": served, "running": running, "waiting": waiting}
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        guard(request)
         card = {"id": served, "object": "model", "created": created, "owned_by": "ensemble-llm"}
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
+        guard(request)
         body = await _json_body(request, settings.max_body_bytes)
         call = wire.read_chat_body(body, **limits)
         chat = await asyncio.to_thread(_chat_request, ensemble, call, served)  # may score tools (pick_tool)
-        return await answer(call, chat, as_chat=True)
+        return await answer(call, chat, request, as_chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
+        guard(request)
         body = await _json_body(request, settings.max_body_bytes)
         call = wire.read_completion_body(body, **limits)
         chat = _checked(lambda: ChatRequest(call.messages, _settings_only(call.options)))
-        return await answer(call, chat, as_chat=False)
+        return await answer(call, chat, request, as_chat=False)
 
-    async def answer(call: ParsedCall, chat: ChatRequest, *, as_chat: bool) -> Any:
+    async def answer(call: ParsedCall, chat: ChatRequest, request: Request, *, as_chat: bool) -> Any:
         chunks = await _submit(ensemble, batcher, chat, settings.request_timeout)
         completion_id = wire.new_id("chatcmpl" if as_chat else "cmpl")
         if call.stream:
             events = _events(chunks, chat, completion_id, served, call.include_usage, as_chat=as_chat)
             return EventSourceResponse(events)
-        reply = await _whole_reply(chunks, chat)
+        reply = await _whole_reply(chunks, chat, request)
         whole = wire.chat_completion if as_chat else wire.text_completion
         return whole(reply, completion_id, served)
 
@@ -248,7 +250,20 @@ def _api_error_of(error: BaseException) -> ApiError:
     return ApiError(500, f"Generation failed: {type(error).__name__}: {error}", kind="server_error")
 
 
-async def _whole_reply(chunks: _Deliveries, chat: ChatRequest) -> Reply:
+async def _whole_reply(chunks: _Deliveries, chat: ChatRequest, request: Request) -> Reply:
+    """The whole reply; a client that goes away before it is whole stops its generation
+    (looked for twice a second: a streaming reply learns of it from the connection itself)."""
+    assembling = asyncio.ensure_future(_assemble(chunks, chat))
+    while True:
+        done, _ = await asyncio.wait({assembling}, timeout=_DISCONNECT_POLL_SECONDS)
+        if done:
+            return assembling.result()
+        if await request.is_disconnected():
+            assembling.cancel()  # ends the delivery loop, which cancels the ticket
+            raise ApiError(499, "The client closed the connection before the reply was whole.")
+
+
+async def _assemble(chunks: _Deliveries, chat: ChatRequest) -> Reply:
     assembler = ReplyAssembler(chat)
     async for chunk in chunks:
         assembler.feed(chunk)

@@ -207,20 +207,39 @@ def test_a_full_queue_answers_429(pair: Ensemble) -> None:
         assert caught.value.status_code == 429 and caught.value.body["code"] == "queue_full"
 
 
-def test_a_client_that_goes_away_stops_its_generation(pair_server) -> None:
-    base_url, app = pair_server
-    batcher = app.state.batcher
-    body = {"model": "pair", "messages": MESSAGES, "max_tokens": 64, "stop": ["never"], "stream": True}
-    with httpx.stream(
-        "POST", f"{base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
-    ) as response:
-        for line in response.iter_lines():
-            if line.startswith("data:") and "content" in line:
-                break
+@pytest.fixture(scope="module")
+def endless_server(request):
+    """A member that never ends its reply and takes 20 ms a step: 64 tokens take >= 1.3 s."""
+    load_tokenizer = request.getfixturevalue("load_tokenizer")
+
+    def script(_: str) -> dict[str, float]:
+        time.sleep(0.02)
+        return {" la": 1.0}
+
+    member = FakeMember.scripted(load_tokenizer("qwen2.5-coder-0.5b-instruct"), "la", script)
+    app = create_app(Ensemble([member], method="single"), ServeSettings(model_id="la", max_tokens=64))
+    with serving_in_thread(app) as base_url:
+        yield base_url, app.state.batcher
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_stops_its_generation(endless_server, stream: bool) -> None:
+    base_url, batcher = endless_server
+    body = {"model": "la", "messages": MESSAGES, "max_tokens": 64, "stream": stream}
+    before = batcher.steps
+    if stream:
+        with httpx.stream("POST", f"{base_url}/chat/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data:") and "la" in line:
+                    break  # the first text came: hang up
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{base_url}/chat/completions", json=body, timeout=0.3)
     deadline = time.monotonic() + 30
     while batcher.load != (0, 0) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert batcher.load == (0, 0)
+    assert batcher.steps - before < 50  # stopped well before its 64 tokens
 
 
 def test_a_request_past_its_timeout_gets_504(pair: Ensemble) -> None:
