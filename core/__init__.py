@@ -17,6 +17,7 @@ from ensemble_core.errors import (
 )
 from ensemble_core.members.base import Member
 from ensemble_core.members.hf import HFMember
+from ensemble_core.members.ray_member import RayMember
 from ensemble_core.results import GenerationResult, GenerationStats, MemberStats, MemberUsage, StreamChunk, Usage
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "MemberUsage",
     "MissingPackageError",
     "ModelLoadError",
+    "RayMember",
     "StreamChunk",
     "TemplateError",
     "UnknownNameError",

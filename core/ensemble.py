@@ -97,7 +97,7 @@ class Ensemble:
         self.binding: Binding = self.method.bind([m.vocab for m in listed])
         # Members in different lanes (GPUs, CPU thread budgets) step concurrently.
         self._lanes = Lanes(
-            {i: lane_key(m.vocab.device, m.num_threads, m.name) for i, m in enumerate(listed)},
+            {i: lane_key(m.vocab.device, m.num_threads, m.name, m.remote) for i, m in enumerate(listed)},
             {i: m.num_threads for i, m in enumerate(listed)},
         )
         weakref.finalize(self, self._lanes.close)  # an ensemble dropped without close() ends its lanes

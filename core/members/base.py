@@ -46,6 +46,8 @@ class Member(ABC):
     num_threads: int | None = None
     """Intra-op threads of the member's own CPU lane (None: it runs in the calling thread;
     see `members.lanes`)."""
+    remote: bool = False
+    """Whether its model runs elsewhere (another process or node): its calls get a lane of their own."""
 
     @property
     @abstractmethod

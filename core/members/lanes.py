@@ -45,8 +45,11 @@ def check_num_threads(num_threads: int | None) -> int | None:
     return num_threads
 
 
-def lane_key(device: torch.device, num_threads: int | None, name: str) -> str | None:
-    """Which lane a member's work runs in: its GPU's, its own (a CPU thread budget), or None (inline)."""
+def lane_key(device: torch.device, num_threads: int | None, name: str, remote: bool = False) -> str | None:
+    """Which lane a member's work runs in: its GPU's, its own (a CPU thread budget, or a member
+    hosted elsewhere, whose calls only wait on the wire), or None (inline)."""
+    if remote:
+        return f"remote:{name}"
     if device.type == "cpu":
         return f"cpu:{name}" if num_threads is not None else None
     return str(device)

@@ -27,6 +27,9 @@ def test_lane_keys_follow_devices_and_budgets() -> None:
     assert lane_key(torch.device("cpu"), 1, "a") == "cpu:a"  # its own lane
     assert lane_key(torch.device("cuda", 1), None, "a") == "cuda:1"  # one lane per GPU
     assert lane_key(torch.device("cuda", 1), None, "b") == "cuda:1"
+    # a member hosted elsewhere only waits on the wire: a lane of its own, whatever its device
+    assert lane_key(torch.device("cpu"), None, "a", remote=True) == "remote:a"
+    assert lane_key(torch.device("cuda", 1), None, "a", remote=True) == "remote:a"
 
 
 def test_members_in_different_lanes_run_at_the_same_time_with_their_budgets() -> None:

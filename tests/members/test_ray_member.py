@@ -1,0 +1,165 @@
+"""Members hosted by Ray actors: the same text as local members, clear failure, nothing left behind.
+
+A local Ray cluster is started by the module (`ray.init(num_cpus=2)`); each actor asks for half
+a CPU (so up to four fit) and runs one torch thread. The models are the tiny random-weight ones
+(saved to a folder, so the actor loads exactly the weights the local copy has) and one real
+packaged model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from test_requests import METHODS
+
+from ensemble_core import Ensemble, HFMember, RayMember
+from ensemble_core.errors import ClosedError, ConfigError, ModelLoadError
+from ensemble_core.members.ray_member import MemberFailedError, RaySession, WireTraffic
+
+PROMPTS = ["The river", "A much longer prompt about mountains, valleys and"]
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tiny_member, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny models as folders, as a user's checkpoints are."""
+    folders = {}
+    for name in ("tiny-llama", "tiny-qwen2"):
+        folder = tmp_path_factory.mktemp(name)
+        member = tiny_member(name)
+        member.model.save_pretrained(folder)
+        member.tokenizer.save_pretrained(folder)
+        folders[name] = folder
+    return folders
+
+
+@pytest.fixture(scope="module")
+def hosted(local_ray, tiny_folders) -> Iterator[list[RayMember]]:
+    members = [
+        RayMember.from_pretrained(str(tiny_folders[n]), name=n, dtype="float32", num_cpus=0.5) for n in tiny_folders
+    ]
+    yield members
+    for member in members:
+        member.close()
+
+
+@pytest.fixture(scope="module")
+def local(tiny_folders) -> list[HFMember]:
+    return [HFMember.from_pretrained(str(tiny_folders[n]), name=n, dtype="float32", device="cpu") for n in tiny_folders]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_writes_the_same_text_with_ray_hosted_members(method: str, hosted, local) -> None:
+    over_ray = Ensemble(hosted, method=METHODS[method]).generate_batch(PROMPTS, max_new_tokens=16)
+    in_process = Ensemble(local, method=METHODS[method]).generate_batch(PROMPTS, max_new_tokens=16)
+    for remote, alone in zip(over_ray, in_process, strict=True):
+        assert remote.text == alone.text
+        assert remote.token_ids == alone.token_ids
+        assert remote.finish_reason == alone.finish_reason
+        assert remote.stats.method_stats == alone.stats.method_stats
+
+
+def test_streamed_text_and_member_reports_match_local_members(hosted, local) -> None:
+    streamed = "".join(c.text for c in Ensemble(hosted, method="gac").stream(PROMPTS[1], max_new_tokens=12))
+    assert streamed == Ensemble(local, method="gac").generate(PROMPTS[1], max_new_tokens=12).text
+    result = Ensemble(hosted, method="gac").generate(PROMPTS[0], max_new_tokens=8)
+    alone = Ensemble(local, method="gac").generate(PROMPTS[0], max_new_tokens=8)
+    assert list(result.stats.members) == list(alone.stats.members)
+    for name, remote in result.stats.members.items():
+        here = alone.stats.members[name]
+        assert (remote.forwards, remote.forwarded_tokens, remote.own_tokens, remote.reencoded_tokens) == (
+            here.forwards,
+            here.forwarded_tokens,
+            here.own_tokens,
+            here.reencoded_tokens,
+        )
+    assert result.usage.prompt_tokens == alone.usage.prompt_tokens
+
+
+def test_a_member_on_a_real_model_matches_the_local_one(local_ray, float32_members) -> None:
+    qwen, smollm = float32_members[0], float32_members[1]
+    hosted = RayMember.from_pretrained("smollm2-135m-instruct", dtype="float32", num_cpus=0.5)
+    try:
+        assert hosted.name == smollm.name and hosted.vocab.width == smollm.vocab.width
+        assert hosted.render("Hi").ids == smollm.render("Hi").ids
+        assert hosted.text_logprob(["def add(a, b):"])[0] == pytest.approx(smollm.text_logprob(["def add(a, b):"])[0])
+        question = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+        over_ray = Ensemble([qwen, hosted], method="gac").generate(question, max_new_tokens=24)
+        in_process = Ensemble([qwen, smollm], method="gac").generate(question, max_new_tokens=24)
+        assert over_ray.text == in_process.text
+    finally:
+        hosted.close()
+
+
+def test_only_small_keys_stand_for_session_state_on_the_wire(hosted) -> None:
+    member = hosted[0]
+    member.traffic = WireTraffic()
+    try:
+        session = member.start({1: member.render("The river")}, Ensemble(hosted).boundary)
+        assert isinstance(session, RaySession)
+        (found,) = session.next([1])
+        assert found.dense.device.type == "cpu" and found.dense.shape[0] == member.vocab.width
+        assert type(found.origin).__name__ == "RemoteOrigin"  # the covering nodes stay in the actor
+        session.commit(1, b" runs")  # rides along with the next call
+        assert member.traffic.calls == 1
+        assert member.vocab.table.spell(session.token_ids(1)) == b" runs"
+        assert member.traffic.calls == 2
+        # a whole-token distribution is the bulk of a step: width float32 values
+        assert member.traffic.received >= 4 * member.vocab.width
+    finally:
+        member.traffic = None
+
+
+def test_a_dead_actor_fails_the_generation_naming_the_member_and_restart_recovers(hosted, local) -> None:
+    ensemble = Ensemble(hosted, method="gac")
+    victim = hosted[1]
+    with pytest.raises(MemberFailedError, match=f"(?s)'{victim.name}'.*died.*restart"):
+        for number, _ in enumerate(ensemble.stream(PROMPTS[1], max_new_tokens=12)):
+            if number == 2:
+                ray.kill(victim.actor, no_restart=True)
+    assert not victim.alive()
+    victim.restart()
+    assert victim.alive()
+    again = ensemble.generate(PROMPTS[1], max_new_tokens=12).text
+    assert again == Ensemble(local, method="gac").generate(PROMPTS[1], max_new_tokens=12).text
+
+
+def test_closing_the_ensemble_leaves_no_actor_behind(local_ray, tiny_folders) -> None:
+    def ours() -> set[str]:
+        named = ray.util.list_named_actors(all_namespaces=True)
+        return {a["name"] for a in named if a["name"].startswith("ensemble-llm")}
+
+    before = ours()
+    members = [RayMember.from_pretrained(str(tiny_folders["tiny-llama"]), name=n, num_cpus=0.5) for n in ("x", "y")]
+    assert len(ours() - before) == 2
+    ensemble = Ensemble(members, method="gac")
+    ensemble.generate("Hello", max_new_tokens=2)
+    ensemble.close()
+    assert ours() == before
+    with pytest.raises(ClosedError, match="'x' was closed"):
+        members[0].start({}, ensemble.boundary)
+
+
+def test_bad_input_fails_before_an_actor_starts_and_a_bad_model_names_itself(local_ray, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="num_gpus"):
+        RayMember.from_pretrained("smollm2-135m-instruct", num_gpus=-1)
+    with pytest.raises(ConfigError, match="ray_options"):
+        RayMember.from_pretrained("smollm2-135m-instruct", ray_options={"num_cpus": 2})
+    with pytest.raises(ConfigError, match=r"has .*'CPU': 2.* asks for .*'CPU': 3"):
+        RayMember.from_pretrained("smollm2-135m-instruct", num_cpus=3)
+    with pytest.raises(ConfigError, match="dtype"):
+        RayMember.from_pretrained("smollm2-135m-instruct", dtype="float7")
+    with pytest.raises(ModelLoadError, match="no-such-model"):
+        RayMember.from_pretrained(str(tmp_path / "no-such-model"), num_cpus=0.5)
+    # both tiny members and nothing else hold CPUs: one asking for two waits, until its timeout
+    with pytest.raises(ModelLoadError, match="did not start within 2 s"):
+        RayMember.from_pretrained("smollm2-135m-instruct", num_cpus=2, start_timeout=2)
