@@ -19,6 +19,7 @@ from typing import Any
 
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.errors import ConfigError
+from ensemble_core.members.base import Member
 from ensemble_core.members.hf import HFMember, stated_context_window
 from ensemble_core.methods.base import resolve_method
 
@@ -35,6 +36,7 @@ class EnsembleSpec:
     method_params_json: str = "{}"
     device: str | None = None
     dtype: str = "auto"
+    placement: str = "local"
 
     @classmethod
     def build(
@@ -44,6 +46,7 @@ class EnsembleSpec:
         method_params: Mapping[str, Any] | None = None,
         device: str | None = None,
         dtype: str = "auto",
+        placement: str = "local",
     ) -> EnsembleSpec:
         if isinstance(models, str) or not isinstance(models, Sequence) or not models:
             raise ConfigError(
@@ -62,7 +65,21 @@ class EnsembleSpec:
             params_json = json.dumps(dict(method_params or {}), sort_keys=True)
         except TypeError as error:
             raise ConfigError(f"`method_params` must hold plain values (numbers, strings, lists): {error}") from None
-        return cls(tuple(models), method, params_json, device, dtype)
+        ray_address(placement)  # an unknown placement fails now
+        return cls(tuple(models), method, params_json, device, dtype, placement)
+
+    def load_members(self) -> list[Member]:
+        """The members, loaded where `placement` says: in this process, or each in a Ray actor."""
+        if self.placement == "local":
+            return [HFMember.from_pretrained(name, device=self.device, dtype=self.dtype) for name in self.models]
+        from ensemble_core.members.ray_member import RayMember
+
+        gpus = 1 if self.device and self.device.startswith("cuda") else 0
+        address = ray_address(self.placement)
+        return [
+            RayMember.from_pretrained(name, device=self.device, dtype=self.dtype, num_gpus=gpus, address=address)
+            for name in self.models
+        ]
 
     @property
     def method_params(self) -> dict[str, Any]:
@@ -78,12 +95,29 @@ class EnsembleSpec:
         return f"{self.method}({'+'.join(self.models)})"
 
 
+def ray_address(placement: str) -> str | None:
+    """The Ray cluster a placement names: "ray" (`$RAY_ADDRESS`, else a local Ray) or a
+    "ray://host:port" client address; None for "local".
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if placement == "local" or placement == "ray":
+        return None
+    if isinstance(placement, str) and placement.startswith("ray://"):
+        return placement
+    raise ConfigError(
+        f"`placement` must be 'local' (members in this process), 'ray' (each member in a Ray actor; "
+        f"the cluster at $RAY_ADDRESS, else a local Ray) or a 'ray://host:port' address, but is {placement!r}."
+    )
+
+
 @functools.cache
 def _smallest_stated_window(models: tuple[str, ...]) -> int:
     return min((w for name in models if (w := stated_context_window(name))), default=0)
 
 
-_MODEL_SETTINGS = ("method", "method_params", "device", "dtype")
+_MODEL_SETTINGS = ("method", "method_params", "device", "dtype", "placement")
 
 
 def adapter_source(
@@ -95,7 +129,7 @@ def adapter_source(
     """Check an adapter's `models=` / `ensemble=` pair: the spec to load, or None for `ensemble`.
 
     Args:
-        settings: the adapter's method, method_params, device and dtype.
+        settings: the adapter's method, method_params, device, dtype and placement.
         given: the names of the adapter fields the user set (the rest are defaults).
 
     Raises:
@@ -108,7 +142,7 @@ def adapter_source(
             raise ConfigError(f"`ensemble` must be an ensemble_core.Ensemble, but is {type(ensemble).__name__}")
         if set(_MODEL_SETTINGS) & given:
             raise ConfigError(
-                "`method`, `method_params`, `device` and `dtype` apply to `models=`; "
+                "`method`, `method_params`, `device`, `dtype` and `placement` apply to `models=`; "
                 "an `ensemble=` already has its members and method"
             )
         return None
@@ -127,8 +161,7 @@ def shared_ensemble(spec: EnsembleSpec) -> Ensemble:
     """
     with _loading:
         if spec not in _loaded:
-            members = [HFMember.from_pretrained(name, device=spec.device, dtype=spec.dtype) for name in spec.models]
-            ensemble = Ensemble(members, method=spec.method, method_params=spec.method_params)
+            ensemble = Ensemble(spec.load_members(), method=spec.method, method_params=spec.method_params)
             ensemble.on_close(lambda: _forget(spec, ensemble))
             _loaded[spec] = ensemble
         return _loaded[spec]

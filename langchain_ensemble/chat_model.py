@@ -77,6 +77,9 @@ class ChatEnsemble(BaseChatModel):
     """Where to load `models`: "cpu", "cuda", "cuda:1"; default: the first GPU, else the CPU."""
     dtype: str = "auto"
     """Weights' dtype for `models`: "auto" (the checkpoint's), "bfloat16", "float16", "float32"."""
+    placement: str = "local"
+    """Where `models` run: "local" (this process), "ray" (each in a Ray actor, on the cluster at
+    `$RAY_ADDRESS` or a local Ray) or a "ray://host:port" address; `pip install 'ensemble-llm[ray]'`."""
     temperature: float = 0.0
     """0 means greedy decoding; above 0, sampling."""
     max_tokens: int = 256
@@ -101,7 +104,10 @@ class ChatEnsemble(BaseChatModel):
     def _check(self) -> ChatEnsemble:
         model_settings = {"method": self.method, "method_params": self.method_params, "device": self.device}
         self._spec = adapter_source(
-            self.models, self.ensemble, {**model_settings, "dtype": self.dtype}, self.model_fields_set
+            self.models,
+            self.ensemble,
+            {**model_settings, "dtype": self.dtype, "placement": self.placement},
+            self.model_fields_set,
         )
         build_settings(**self._settings())  # bad temperature / max_tokens / stop fail now, with the field named
         if self.timeout is not None and not self.timeout > 0:

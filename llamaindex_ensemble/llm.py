@@ -96,6 +96,11 @@ class EnsembleLLM(FunctionCallingLLM):
         default=None, description='Where to load `models` ("cpu", "cuda:1"); default: the first GPU, else the CPU.'
     )
     dtype: str = Field(default="auto", description='Weights\' dtype for `models`: "auto", "bfloat16", "float32", ...')
+    placement: str = Field(
+        default="local",
+        description='Where `models` run: "local" (this process), "ray" (each in a Ray actor, on the cluster at '
+        '$RAY_ADDRESS or a local Ray) or a "ray://host:port" address.',
+    )
     temperature: float = Field(default=0.0, description="0 means greedy decoding; above 0, sampling.")
     max_new_tokens: int = Field(default=256, description="The most tokens to generate per reply (`num_output`).")
     top_p: float = Field(default=1.0, description="Nucleus sampling mass (with temperature > 0).")
@@ -115,7 +120,10 @@ class EnsembleLLM(FunctionCallingLLM):
     def _check(self) -> EnsembleLLM:
         model_settings = {"method": self.method, "method_params": self.method_params, "device": self.device}
         self._spec = adapter_source(
-            self.models, self.ensemble, {**model_settings, "dtype": self.dtype}, self.model_fields_set
+            self.models,
+            self.ensemble,
+            {**model_settings, "dtype": self.dtype, "placement": self.placement},
+            self.model_fields_set,
         )
         build_settings(**self._settings())  # bad temperature / max_new_tokens / stop fail now, with the field named
         if self.context_window is not None and self.context_window <= 0:

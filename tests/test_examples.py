@@ -46,7 +46,9 @@ def test_example_runs(script: str) -> None:
 
 
 @pytest.mark.packaged
-@pytest.mark.parametrize("marker", ["ChatEnsemble(", "EnsembleLLM(", "FakeMember.scripted(", "num_threads=1"])
+@pytest.mark.parametrize(
+    "marker", ["ChatEnsemble(", "EnsembleLLM(", "FakeMember.scripted(", "num_threads=1", "RayMember.from_pretrained("]
+)
 def test_readme_snippets_run_as_written(marker: str) -> None:
     readme = (EXAMPLES.parent / "README.md").read_text()
     [snippet] = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if marker in block]

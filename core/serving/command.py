@@ -24,6 +24,7 @@ _DEFAULTS: dict[str, Any] = {
     "method_params": {},
     "device": None,
     "dtype": "auto",
+    "placement": "local",
     "host": "127.0.0.1",
     "port": 8000,
     "api_key": None,
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method-params", help='the method\'s parameters as JSON, e.g. \'{"drafter": "qwen"}\'')
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda:0 when there is one)")
     parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--placement", help="local (default), ray (each member in a Ray actor) or ray://host:port")
     parser.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, help="default 8000")
     parser.add_argument("--api-key", help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}, else none)")
@@ -114,7 +116,12 @@ def serve(args: argparse.Namespace) -> int:
     from ensemble_core.serving.app import ServeSettings, create_app
 
     spec = EnsembleSpec.build(
-        options["model"], options["method"], options["method_params"], options["device"], options["dtype"]
+        options["model"],
+        options["method"],
+        options["method_params"],
+        options["device"],
+        options["dtype"],
+        options["placement"],
     )
     settings = ServeSettings(
         model_id=options["model_id"],
@@ -128,10 +135,10 @@ def serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(options["cors_origin"]),
     )
     from ensemble_core.ensemble import Ensemble
-    from ensemble_core.members.hf import HFMember
 
-    members = [HFMember.from_pretrained(name, device=spec.device, dtype=spec.dtype) for name in spec.models]
-    with Ensemble(members, method=spec.method, method_params=spec.method_params) as ensemble:
+    if spec.placement != "local":
+        require_extra("ray", "ray")
+    with Ensemble(spec.load_members(), method=spec.method, method_params=spec.method_params) as ensemble:
         app = create_app(ensemble, settings)
         print(f"serving {settings.model_id or ensemble.model_name} on http://{options['host']}:{options['port']}/v1")  # noqa: T201
         uvicorn.run(app, host=options["host"], port=options["port"], log_level="info")

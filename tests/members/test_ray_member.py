@@ -1,7 +1,8 @@
 """Members hosted by Ray actors: the same text as local members, clear failure, nothing left behind.
 
-A local Ray cluster is started by the module (`ray.init(num_cpus=2)`); each actor asks for half
-a CPU (so up to four fit) and runs one torch thread. The models are the tiny random-weight ones
+A local Ray cluster is started by the module with 4 logical CPUs on this 2-core machine (the two
+tiny members ask for half a CPU each and stay up for the module; the adapters' members ask for
+one each, as users' do); every actor runs one torch thread. The models are the tiny random-weight ones
 (saved to a folder, so the actor loads exactly the weights the local copy has) and one real
 packaged model.
 """
@@ -24,7 +25,7 @@ PROMPTS = ["The river", "A much longer prompt about mountains, valleys and"]
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -134,10 +135,7 @@ def test_a_dead_actor_fails_the_generation_naming_the_member_and_restart_recover
 
 
 def test_closing_the_ensemble_leaves_no_actor_behind(local_ray, tiny_folders) -> None:
-    def ours() -> set[str]:
-        named = ray.util.list_named_actors(all_namespaces=True)
-        return {a["name"] for a in named if a["name"].startswith("ensemble-llm")}
-
+    ours = _our_actors
     before = ours()
     members = [RayMember.from_pretrained(str(tiny_folders["tiny-llama"]), name=n, num_cpus=0.5) for n in ("x", "y")]
     assert len(ours() - before) == 2
@@ -149,17 +147,48 @@ def test_closing_the_ensemble_leaves_no_actor_behind(local_ray, tiny_folders) ->
         members[0].start({}, ensemble.boundary)
 
 
-def test_bad_input_fails_before_an_actor_starts_and_a_bad_model_names_itself(local_ray, tmp_path) -> None:
+def test_bad_input_fails_before_an_actor_starts_and_a_bad_model_names_itself(hosted, tmp_path) -> None:
     with pytest.raises(ConfigError, match="num_gpus"):
         RayMember.from_pretrained("smollm2-135m-instruct", num_gpus=-1)
     with pytest.raises(ConfigError, match="ray_options"):
         RayMember.from_pretrained("smollm2-135m-instruct", ray_options={"num_cpus": 2})
-    with pytest.raises(ConfigError, match=r"has .*'CPU': 2.* asks for .*'CPU': 3"):
-        RayMember.from_pretrained("smollm2-135m-instruct", num_cpus=3)
+    with pytest.raises(ConfigError, match=r"has .*'CPU': 4.* asks for .*'CPU': 5"):
+        RayMember.from_pretrained("smollm2-135m-instruct", num_cpus=5)
     with pytest.raises(ConfigError, match="dtype"):
         RayMember.from_pretrained("smollm2-135m-instruct", dtype="float7")
     with pytest.raises(ModelLoadError, match="no-such-model"):
         RayMember.from_pretrained(str(tmp_path / "no-such-model"), num_cpus=0.5)
-    # both tiny members and nothing else hold CPUs: one asking for two waits, until its timeout
+    # the two tiny members hold one CPU of four: one asking for four waits, until its timeout
     with pytest.raises(ModelLoadError, match="did not start within 2 s"):
-        RayMember.from_pretrained("smollm2-135m-instruct", num_cpus=2, start_timeout=2)
+        RayMember.from_pretrained("smollm2-135m-instruct", num_cpus=4, start_timeout=2)
+
+
+def test_adapters_put_their_members_on_ray_with_one_argument(local_ray, tiny_folders, local) -> None:
+    from llama_index.core.llms import ChatMessage
+
+    from ensemble_core.loading import loaded_specs, release_shared
+    from langchain_ensemble import ChatEnsemble
+    from llamaindex_ensemble import EnsembleLLM
+
+    before = _our_actors()
+    models = [str(folder) for folder in tiny_folders.values()]
+    chat = ChatEnsemble(models=models, placement="ray", dtype="float32", max_tokens=8)
+    llm = EnsembleLLM(models=models, placement="ray", dtype="float32", max_new_tokens=8)
+    question = [{"role": "user", "content": "The river"}]
+    try:
+        reply = chat.invoke("The river").content
+        assert reply == Ensemble(local, method="gac").generate(question, max_new_tokens=8).text
+        assert len(_our_actors() - before) == 2  # one actor per member
+        assert llm.chat([ChatMessage(role="user", content="The river")]).message.content == reply
+        assert len(_our_actors() - before) == 2  # the same spec shares the loaded members
+    finally:
+        for spec in loaded_specs():
+            release_shared(spec)
+    assert _our_actors() == before
+    with pytest.raises(ValueError, match=r"placement.*'ray://host:port'"):
+        ChatEnsemble(models=models, placement="cluster")
+
+
+def _our_actors() -> set[str]:
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return {a["name"] for a in named if a["name"].startswith("ensemble-llm")}
