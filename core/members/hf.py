@@ -55,11 +55,11 @@ def collect_eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _source_folder(name_or_path: str) -> tuple[str | Path, str | None]:
+def _source_folder(name_or_path: str) -> str | Path:
     """A packaged name -> its prepared folder; anything else is passed to transformers as is."""
     if name_or_path in packaged.PACKAGED_MODELS:
-        return packaged.model_path(name_or_path), name_or_path
-    return name_or_path, None
+        return packaged.model_path(name_or_path)
+    return name_or_path
 
 
 def config_context_window(config: Any) -> int:
@@ -73,7 +73,7 @@ def stated_context_window(name_or_path: str) -> int:
     Raises:
         ModelLoadError: no config could be read for `name_or_path`.
     """
-    folder, _ = _source_folder(name_or_path)
+    folder = _source_folder(name_or_path)
     from transformers import AutoConfig
 
     try:
@@ -82,8 +82,17 @@ def stated_context_window(name_or_path: str) -> int:
         raise ModelLoadError(f"Could not read the config of {name_or_path!r}: {error}") from error
 
 
-def _default_name(name_or_path: str) -> str:
-    return Path(name_or_path.rstrip("/")).name or name_or_path
+def checked_member_name(name_or_path: str, name: str | None) -> str:
+    """The name a member loaded from `name_or_path` goes by (its last path part unless `name`
+    is given), after checking the source is a usable string: every loader (local or hosted)
+    names members the same way, so configs and results read alike whichever runs the model.
+
+    Raises:
+        ConfigError: `name_or_path` is not a non-empty string.
+    """
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise ConfigError(f"`name_or_path` must be a non-empty string, but is {name_or_path!r}.")
+    return name or Path(name_or_path.rstrip("/")).name or name_or_path
 
 
 class HFMember(TokenizerMember):
@@ -181,12 +190,11 @@ class HFMember(TokenizerMember):
             UnknownNameError / MissingPackageError: see `ensemble_core.packaged`.
             ModelLoadError: transformers could not load the model or tokenizer.
         """
-        if not isinstance(name_or_path, str) or not name_or_path:
-            raise ConfigError(f"`name_or_path` must be a non-empty string, but is {name_or_path!r}.")
+        member_name = checked_member_name(name_or_path, name)
         target_device = resolve_device(device)
         check_num_threads(num_threads)
         torch_dtype = resolve_dtype(dtype)
-        folder, packaged_name = _source_folder(name_or_path)
+        folder = _source_folder(name_or_path)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         options = {"attn_implementation": "sdpa", **dict(model_kwargs or {})}
@@ -202,4 +210,4 @@ class HFMember(TokenizerMember):
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         model.to(target_device)
-        return cls(model, tokenizer, name or packaged_name or _default_name(name_or_path), num_threads=num_threads)
+        return cls(model, tokenizer, member_name, num_threads=num_threads)

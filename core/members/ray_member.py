@@ -25,7 +25,6 @@ import contextlib
 import itertools
 import os
 import pickle
-import threading
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
@@ -123,8 +122,6 @@ class MemberHost:
             )
         for waiting, waiting_args in pending:
             self._apply(session, opened, waiting, waiting_args)
-        if name == "flush":
-            return None
         return self._apply(session, opened, name, args)
 
     def _apply(self, session: int, opened: MemberSession, name: str, args: tuple) -> Any:
@@ -214,7 +211,6 @@ class RayMember(TokenizerMember):
         self._host_threads = num_threads
         self._start_timeout = start_timeout
         self._sessions = itertools.count(1)
-        self._lock = threading.Lock()
         self.traffic: WireTraffic | None = None
         """Set to a `WireTraffic()` to count the bytes of every call's arguments and results."""
         self.actor = self._spawn(name)
@@ -262,8 +258,9 @@ class RayMember(TokenizerMember):
             ModelLoadError: the actor could not load the model.
         """
         require_extra("ray", "ray")
-        if not isinstance(name_or_path, str) or not name_or_path:
-            raise ConfigError(f"`name_or_path` must be a non-empty string, but is {name_or_path!r}.")
+        from ensemble_core.members.hf import checked_member_name
+
+        member_name = checked_member_name(name_or_path, name)
         check_num_threads(num_threads)
         for label, amount in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
             if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
@@ -288,9 +285,6 @@ class RayMember(TokenizerMember):
         threads = num_threads if num_threads is not None else max(1, int(-(-num_cpus // 1)))
         _ensure_ray(address)
         _check_cluster_has({"CPU": num_cpus, "GPU": num_gpus})
-        from ensemble_core.members.hf import _default_name
-
-        member_name = name or _default_name(name_or_path)
         actor = {"num_cpus": num_cpus, "num_gpus": num_gpus, **options}
         return cls(name_or_path, load, actor, name=member_name, num_threads=threads, start_timeout=start_timeout)
 
@@ -339,8 +333,7 @@ class RayMember(TokenizerMember):
         if self._closed:
             raise ClosedError(f"Member {self.name!r} was closed; load it again to use it.")
         self._kill()
-        with self._lock:
-            self.actor = self._spawn(self.name)
+        self.actor = self._spawn(self.name)
         self._loaded(self.name)
 
     def alive(self) -> bool:
