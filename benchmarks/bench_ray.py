@@ -7,8 +7,10 @@ with one CPU and one torch thread. The local rows give every member the same bud
 thread in a lane of its own, `HFMember(..., num_threads=1)`), so the ratio is the cost of the
 actor and the wire, not of a different thread count. Per method: ms per generated token (greedy,
 bf16, median of interleaved rounds) in the driver and over Ray, and the bytes that crossed per
-decode step (pickled arguments + results, all members together; `RayMember.traffic`). Every Ray
-row must write the same text as its local row (checked and printed).
+decode step (pickled arguments + results, all members together; `RayMember.traffic`), round trips
+per step, and how many whole distributions were fetched (a hosted member sends a summary of
+each distribution, `members.wire`; the whole one only where a method needs the full union).
+Every Ray row must write the same text as its local row (checked and printed).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def main() -> None:
         run(key)
     times: dict[tuple[str, str], list[float]] = {key: [] for key in setups}
     texts: dict[tuple[str, str], str] = {}
-    wire: dict[str, tuple[float, float]] = {}
+    wire: dict[str, tuple[float, float, float, int]] = {}
     for _ in range(args.rounds):
         for key in setups:
             counted = key[1] == "ray" and key[0] not in wire
@@ -75,18 +77,26 @@ def main() -> None:
             if counted:
                 sent = sum(m.traffic.sent for m in hosted) / steps
                 received = sum(m.traffic.received for m in hosted) / steps
-                wire[key[0]] = (sent, received)
+                calls = sum(m.traffic.calls for m in hosted) / steps
+                wholes = sum(m.traffic.kinds["about:dense"] for m in hosted)
+                wire[key[0]] = (sent, received, calls, wholes)
                 for member in hosted:
                     member.traffic = None
     median = {key: statistics.median(values) * 1000 for key, values in times.items()}
     print(f"{args.tokens} tokens, greedy, bf16, median of {args.rounds} interleaved rounds; 1 thread per member")
-    print("| method | local ms/token | Ray ms/token | Ray / local | sent B/step | received B/step | same text |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| method | local ms/token | Ray ms/token | Ray / local | sent B/step | received B/step "
+        "| round trips/step | whole distributions fetched | same text |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for label in methods:
         here, there = median[(label, "local")], median[(label, "ray")]
-        sent, received = wire[label]
+        sent, received, calls, wholes = wire[label]
         same = texts[(label, "local")] == texts[(label, "ray")]
-        print(f"| {label} | {here:.0f} | {there:.0f} | {there / here:.2f} | {sent:,.0f} | {received:,.0f} | {same} |")
+        print(
+            f"| {label} | {here:.0f} | {there:.0f} | {there / here:.2f} | {sent:,.0f} | {received:,.0f} "
+            f"| {calls:.1f} | {wholes} | {same} |"
+        )
     for member in hosted:
         member.close()
     ray.shutdown()

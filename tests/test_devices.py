@@ -62,7 +62,7 @@ def test_each_distribution_moves_to_the_combining_device_once_per_step(monkeypat
     distributions = {m: Continuations(torch.softmax(torch.randn(v.width), -1)) for m, v in enumerate(vocabs)}
     step = combiner.step(distributions)
     assert moves == [META, META]  # one move per member distribution, nothing else
-    assert all(d.device == META for d in step.dense.values())
+    assert all(d.device == META for d in step.raw.values())
 
 
 @pytest.mark.parametrize("device", ["cuda:3", "banana"])

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
 import torch
@@ -96,11 +96,50 @@ class Continuations:
     dense: torch.Tensor
     partial: tuple[PartialGroup, ...] = ()
     origin: Any = None
+    greedy: Any = None
+    """The member's own greedy choice (a `methods.choice.Choice`) where whoever built this
+    already made it: a hosted member's actor does, so the whole distribution need not cross."""
 
     @property
     def exact(self) -> bool:
         """Every candidate is a whole token at the end of the committed text."""
         return not self.partial
+
+    # Methods read whole-token probabilities through these four, not through `dense`, wherever a
+    # few entries decide (the greedy shortcut, masses of other members' candidates): a member
+    # hosted elsewhere then sends its top entries and answers the rest on demand, and its whole
+    # distribution crosses only when the full union is needed (sampling, the shortcut's fallback).
+
+    @property
+    def width(self) -> int:
+        """How many whole-token ids there are (the logits width)."""
+        return int(self.dense.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the whole-token probabilities are (and where `top`/`probs_at` answer)."""
+        return self.dense.device
+
+    def top(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probabilities, ids) of the k most likely whole tokens (all when k >= width), most
+        likely first, on the distribution's device."""
+        found = torch.topk(self.dense, min(k, self.width))
+        return found.values, found.indices
+
+    def probs_at(self, ids: torch.Tensor) -> torch.Tensor:
+        """The probabilities of whole tokens `ids` (LongTensor, on the distribution's device)."""
+        return self.dense[ids]
+
+    def total(self) -> float:
+        """The probability of all whole tokens together (1 less the partial candidates')."""
+        return float(self.dense.sum())
+
+    def on(self, device: torch.device) -> Continuations:
+        """This distribution with its whole-token probabilities on `device` as float32 (moved once;
+        the same object when they are there already)."""
+        if self.dense.device == device and self.dense.dtype == torch.float32:
+            return self
+        return replace(self, dense=self.dense.to(device, torch.float32))
 
 
 @dataclass(frozen=True)

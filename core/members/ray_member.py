@@ -8,12 +8,14 @@ member contract (`members.contract.MemberSession`) call by call. So every method
 unchanged, and the greedy text is the same as with the member in the driver.
 
 What crosses the wire per call: the arguments (request ids, committed bytes, drafts,
-candidates) and the results with their tensors moved to the CPU: `next`/`read` return the
-member's `Continuations` (its whole-token distribution is logits-width float32 per request and
-position), `score` the per-token values. Session-private state never crosses: a `Continuations`
-arrives with a small key in place of its origin, and `write` sends the key back. Calls that
-return nothing (`commit`, `drop`, `admit`) wait on the driver and ride along with the next call
-that does, so a GaC step costs the member one round trip for `next` plus one per `write`.
+candidates) and the results with their tensors moved to the CPU: `next`/`read` return a
+`WireSummary` per distribution (its top entries, total and greedy choice, see `members.wire`),
+never the logits-width distribution unless a method needs the full union; `score` returns the
+per-token values. Session-private state never crosses: a distribution arrives with a small key
+in place of its origin; `write`, and questions about probabilities the summary lacks, send the
+key back. Calls that return nothing (`commit`, `drop`, `admit`) wait on the driver and ride
+along with the next call that does, so a greedy GaC step costs the member one round trip for
+`next`, one per `write`, and one where the other members' candidates lie outside its top 256.
 
 A dead actor (node lost, out of memory, `ray.kill`) makes the running generation fail with
 `MemberFailedError` naming the member; `RayMember.restart()` loads it again in a new actor.
@@ -27,8 +29,9 @@ import os
 import pickle
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,6 +54,7 @@ from ensemble_core.members.contract import (
 )
 from ensemble_core.members.lanes import check_num_threads
 from ensemble_core.members.token_tree import Backend
+from ensemble_core.members.wire import SUMMARY_TOP_KS, SummarizedContinuations, WireSummary, summarize
 
 
 class MemberFailedError(GenerationError):
@@ -74,8 +78,10 @@ def _on_cpu(value: torch.Tensor) -> torch.Tensor:
 class MemberHost:
     """What runs inside the Ray actor: one `HFMember` and the sessions opened on it.
 
-    Continuations handed out are kept (per request) until two commits later, so a method can
-    still `write` a pick from the step before; older ones are forgotten.
+    Distributions handed out are kept (per request) until they are two commits AND two calls
+    that hand out distributions old, so a method can still `write` a pick from the step before
+    and ask about a draft's readings after committing part of it; older ones are forgotten.
+    They leave as `WireSummary`s (see `members.wire`); the driver asks `about` the rest.
     """
 
     def __init__(self, name_or_path: str, load_options: Mapping[str, Any], num_threads: int | None):
@@ -85,8 +91,9 @@ class MemberHost:
             torch.set_num_threads(num_threads)
         self.member = HFMember.from_pretrained(name_or_path, **dict(load_options))
         self._sessions: dict[int, MemberSession] = {}
-        self._issued: dict[tuple[int, RequestId], dict[int, tuple[int, Continuations]]] = {}
-        self._generation: dict[tuple[int, RequestId], int] = {}
+        # (session, request) -> key -> (commits, rounds when issued, the distribution)
+        self._issued: dict[tuple[int, RequestId], dict[int, tuple[int, int, Continuations]]] = {}
+        self._ages: dict[tuple[int, RequestId], list[int]] = {}  # -> [commits, rounds] so far
         self._keys = itertools.count(1)
 
     def facts(self) -> dict[str, Any]:
@@ -107,7 +114,7 @@ class MemberHost:
         self._sessions.pop(session, None)
         for key in [k for k in self._issued if k[0] == session]:
             del self._issued[key]
-            self._generation.pop(key, None)
+            self._ages.pop(key, None)
 
     def next_token_logprobs(self, ids: list[int]) -> torch.Tensor:
         return self.member._next_token_logprobs(ids)
@@ -126,16 +133,23 @@ class MemberHost:
 
     def _apply(self, session: int, opened: MemberSession, name: str, args: tuple) -> Any:
         if name == "next":
-            requests, temperature = args
+            requests, temperature, top_ks = args
             found = opened.next(requests, temperature)
-            return [None if c is None else self._issue(session, r, c) for r, c in zip(requests, found, strict=True)]
-        if name == "read":
-            requests, drafts, temperature, written = args
-            readings = opened.read(requests, drafts, temperature, written)
+            self._new_round(session, requests)
             return [
-                DraftReading([None if c is None else self._issue(session, r, c) for c in reading.at], reading.written)
+                None if c is None else self._issue(session, r, c, top_ks) for r, c in zip(requests, found, strict=True)
+            ]
+        if name == "read":
+            requests, drafts, temperature, written, top_ks = args
+            readings = opened.read(requests, drafts, temperature, written)
+            self._new_round(session, requests)
+            return [
+                [None if c is None else self._issue(session, r, c, top_ks) for c in reading.at] + [reading.written]
                 for r, reading in zip(requests, readings, strict=True)
             ]
+        if name == "about":
+            request, key, what, argument = args
+            return self._about(self._issued_to(session, request, key), what, argument)
         if name == "write":
             request, key, pick = args
             return opened.write(request, self._issued_to(session, request, key), pick)
@@ -145,41 +159,59 @@ class MemberHost:
         if name == "commit":
             request, data = args
             opened.commit(request, data)
-            self._next_generation(session, request)
+            self._age(session, request, 0)
             return None
         if name == "drop":
             (requests,) = args
             opened.drop(requests)
             for request in requests:
                 self._issued.pop((session, request), None)
-                self._generation.pop((session, request), None)
+                self._ages.pop((session, request), None)
             return None
         if name in ("admit", "lagging", "token_ids", "prompt_tokens", "stats"):
             return getattr(opened, name)(*args)
         raise GenerationError(f"unknown member call {name!r}")
 
-    def _issue(self, session: int, request: RequestId, found: Continuations) -> Continuations:
+    def _issue(self, session: int, request: RequestId, found: Continuations, top_ks: Sequence[int]) -> WireSummary:
         key = next(self._keys)
         slot = (session, request)
-        self._issued.setdefault(slot, {})[key] = (self._generation.get(slot, 0), found)
-        partial = tuple(replace(g, token_ids=_on_cpu(g.token_ids), probs=_on_cpu(g.probs)) for g in found.partial)
-        return Continuations(_on_cpu(found.dense), partial, origin=RemoteOrigin(key))
+        commits, rounds = self._ages.setdefault(slot, [0, 0])
+        self._issued.setdefault(slot, {})[key] = (commits, rounds, found)
+        from ensemble_core.methods.choice import greedy_choice  # the one rule, made where the distribution is
+
+        return summarize(found, key, top_ks, greedy_choice(self.member.vocab, found))
+
+    @staticmethod
+    def _about(found: Continuations, what: str, argument: Any) -> Any:
+        if what == "dense":
+            return _on_cpu(found.dense.float())
+        if what == "probs_at":
+            return _on_cpu(found.probs_at(argument.to(found.device)).float())
+        if what == "top":
+            values, ids = found.top(argument)
+            return _on_cpu(values), _on_cpu(ids).to(torch.int32)
+        raise GenerationError(f"unknown question about a distribution: {what!r}")
 
     def _issued_to(self, session: int, request: RequestId, key: int) -> Continuations:
         kept = self._issued.get((session, request), {}).get(key)
         if kept is None:
             raise GenerationError(
-                f"Member {self.member.name!r} was asked to write from distributions it no longer keeps "
+                f"Member {self.member.name!r} was asked about distributions it no longer keeps "
                 f"(request {request}, key {key}); write picks from the latest `next` or `read`."
             )
-        return kept[1]
+        return kept[2]
 
-    def _next_generation(self, session: int, request: RequestId) -> None:
+    def _new_round(self, session: int, requests: Sequence[RequestId]) -> None:
+        for request in requests:
+            self._age(session, request, 1)
+
+    def _age(self, session: int, request: RequestId, which: int) -> None:
+        """One more commit (0) or round (1) for the request; forget what is old by both counts."""
         slot = (session, request)
-        generation = self._generation.get(slot, 0) + 1
-        self._generation[slot] = generation
+        ages = self._ages.setdefault(slot, [0, 0])
+        ages[which] += 1
         issued = self._issued.get(slot, {})
-        for key in [k for k, (g, _) in issued.items() if g < generation - 1]:
+        for key in [k for k, (c, r, _) in issued.items() if c < ages[0] - 1 and r < ages[1] - 1]:
             del issued[key]
 
 
@@ -390,9 +422,13 @@ class WireTraffic:
     calls: int = 0
     sent: int = 0
     received: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
+    """Calls by kind: "next", "write", ..., and "about:dense" / "about:probs_at" / "about:top"
+    for questions about a distribution's summary (a whole distribution fetched is "about:dense")."""
 
-    def count(self, arguments: Any, result: Any) -> None:
+    def count(self, kind: str, arguments: Any, result: Any) -> None:
         self.calls += 1
+        self.kinds[kind] += 1
         self.sent += len(pickle.dumps(arguments, protocol=5))
         self.received += len(pickle.dumps(result, protocol=5))
 
@@ -405,19 +441,31 @@ class RaySession:
         self._actor = actor
         self._number = number
         self._pending: list[tuple[str, tuple]] = []
+        self._top_ks = set(SUMMARY_TOP_KS)  # what the methods ask `top` for: sent with every distribution
 
     def _call(self, name: str, *args: Any) -> Any:
         pending, self._pending = self._pending, []
         result = self._member._ask(self._actor.call.remote(self._number, pending, name, args))
         if self._member.traffic is not None:
-            self._member.traffic.count((pending, name, args), result)
+            kind = f"about:{args[2]}" if name == "about" else name
+            self._member.traffic.count(kind, (pending, name, args), result)
         return result
 
     def _later(self, name: str, *args: Any) -> None:
         self._pending.append((name, args))
 
     def next(self, requests: Sequence[RequestId], temperature: float = 1.0) -> list[Continuations | None]:
-        return self._call("next", list(requests), temperature)
+        found = self._call("next", list(requests), temperature, sorted(self._top_ks))
+        return [self._received(r, s) for r, s in zip(requests, found, strict=True)]
+
+    def _received(self, request: RequestId, summary: WireSummary | None) -> Continuations | None:
+        if summary is None:
+            return None
+
+        def fetch(what: str, argument: Any) -> Any:
+            return self._call("about", request, summary.key, what, argument)
+
+        return SummarizedContinuations(summary, RemoteOrigin(summary.key), fetch, self._top_ks.add)
 
     def write(self, request: RequestId, continuations: Continuations, pick: Pick) -> bool:
         origin = continuations.origin
@@ -435,7 +483,11 @@ class RaySession:
         written: Sequence[int] | None = None,
     ) -> list[DraftReading]:
         chosen = None if written is None else list(written)
-        return self._call("read", list(requests), [list(d) for d in drafts], temperature, chosen)
+        found = self._call("read", list(requests), [list(d) for d in drafts], temperature, chosen, sorted(self._top_ks))
+        return [
+            DraftReading([self._received(r, s) for s in row[:-1]], row[-1])
+            for r, row in zip(requests, found, strict=True)
+        ]
 
     def score(
         self,

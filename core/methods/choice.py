@@ -55,12 +55,14 @@ def pick_text(vocab: MemberVocab, distribution: Continuations, pick: Pick) -> tu
 
 def pick_prob(distribution: Continuations, pick: Pick) -> float:
     if pick.group == -1:
-        return float(distribution.dense[pick.index])
+        return float(distribution.probs_at(torch.tensor([pick.index], device=distribution.device))[0])
     return float(distribution.partial[pick.group].probs[pick.index])
 
 
 def greedy_choice(vocab: MemberVocab, distribution: Continuations) -> Choice:
     """The member's own greedy choice (see the module docstring)."""
+    if distribution.greedy is not None:
+        return distribution.greedy  # made where the distribution was (the same rule, on the same table)
     dense = distribution.dense
     first = int(torch.argmax(dense))
     index, texts, _ = vocab.table.text_index

@@ -94,13 +94,14 @@ class Step:
         self.c = combiner
         self.weights = list(combiner.weights if weights is None else weights)
         self.union = combiner.union
-        self.dense = {m: d.dense.to(combiner.device, torch.float32) for m, d in distributions.items()}
-        self.raw = dict(distributions)
+        # every member's distribution on the combining device (moved once; a hosted member's
+        # stays a summary there, see `Continuations.top`)
+        self.raw = {m: d.on(combiner.device) for m, d in distributions.items()}
         self._dynamic: dict[bytes, int] = {}
         self._dynamic_texts: list[bytes] = []
         # member -> (sorted entries, float64 masses) of its partial candidates (texts from tokens
         # re-covering committed bytes)
-        self.partial = {m: self._partial_masses(m, d) for m, d in distributions.items()}
+        self.partial = {m: self._partial_masses(m, d) for m, d in self.raw.items()}
         self._partial_sets: dict[int, set[int]] = {}
         self._own: dict[int, OwnChoice] = {}
 
@@ -186,33 +187,36 @@ class Step:
 
     def mass(self, member: int, entries: torch.Tensor) -> torch.Tensor:
         """The member's total probability on each entry (0 where it has no such candidate)."""
-        probs = self.dense[member]
+        distribution = self.raw[member]
         member_map = self.c.maps[member]
         static = entries < self.union.size
         first = torch.full_like(entries, -1)
         first[static] = member_map.first_id[entries[static]]
         found = first >= 0
-        mass = torch.where(found, probs[first.clamp(min=0)], torch.zeros((), device=probs.device))
+        zero = torch.zeros((), device=entries.device)
+        mass = torch.where(found, distribution.probs_at(first.clamp(min=0)).to(entries.device), zero)
         partial_entries, partial_masses = self.partial[member]
         if not member_map.extra_ids and not len(partial_entries):
             return mass
         values = mass.double().cpu()  # float64, as a Python sum over the candidates would add
         listed = entries.cpu()
         if member_map.extra_ids:
-            shared = torch.isin(listed, member_map.shared_entries)
-            for position in torch.nonzero(shared).flatten().tolist():
-                for token in member_map.extra_ids[int(listed[position])]:
-                    values[position] += float(probs[token])
+            shared = torch.nonzero(torch.isin(listed, member_map.shared_entries)).flatten().tolist()
+            extra = [(position, token) for position in shared for token in member_map.extra_ids[int(listed[position])]]
+            if extra:
+                tokens = torch.tensor([token for _, token in extra], device=distribution.device)
+                for (position, _), prob in zip(extra, distribution.probs_at(tokens).tolist(), strict=True):
+                    values[position] += prob
         if len(partial_entries):
             at = torch.searchsorted(partial_entries, listed).clamp(max=len(partial_entries) - 1)
             hit = partial_entries[at] == listed
             values[hit] += partial_masses[at[hit]]
-        return values.to(torch.float32).to(probs.device)
+        return values.to(torch.float32).to(entries.device)
 
     def probabilities_of(self, entry: int) -> dict[int, float]:
         """Each member's probability of one entry (what the agreement weights learn from)."""
         entries = torch.tensor([entry], device=self.c.device)
-        return {member: float(self.mass(member, entries)[0]) for member in self.dense}
+        return {member: float(self.mass(member, entries)[0]) for member in self.raw}
 
     def own(self, member: int) -> OwnChoice:
         """The member's own greedy choice (`choice.greedy_choice`) and the entry of its text
@@ -233,10 +237,11 @@ class Step:
     def full(self) -> torch.Tensor:
         """sum_i w_i p_i over every entry, float32 [size] (ALGORITHMS.md section 1)."""
         total = torch.zeros(self.size, dtype=torch.float32, device=self.c.device)
-        for member, probs in self.dense.items():
+        for member, distribution in self.raw.items():
             weight = self.weights[member]
             if not weight:
                 continue
+            probs = distribution.dense.to(self.c.device)  # the whole union: the whole distribution
             total.index_add_(0, self.c.maps[member].to_union[: probs.shape[0]], probs * weight)
             entries, masses = self.partial[member]
             if len(entries):
@@ -248,9 +253,9 @@ class Step:
         """Sorted entries of every member's top-k candidates (whole tokens and partial texts), and
         of each member's own choice (whose mass adds up over ids, so it can lie outside its top-k)."""
         found = []
-        for member, probs in self.dense.items():
-            ids = torch.topk(probs, min(top_k, probs.shape[0])).indices
-            found.append(self.c.maps[member].to_union[ids])
+        for member, distribution in self.raw.items():
+            _, ids = distribution.top(top_k)
+            found.append(self.c.maps[member].to_union[ids.to(self.c.device)])
             entries, masses = self.partial[member]
             heaviest = entries[torch.sort(masses, descending=True, stable=True).indices[:top_k]]
             own = torch.tensor([self.own(member).entry], dtype=torch.long)
@@ -262,7 +267,7 @@ class Step:
         """sum_i w_i p_i(entry) for the given entries only."""
         weights = self.weights if weights is None else weights
         total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
-        for member in self.dense:
+        for member in self.raw:
             if weights[member]:
                 total += weights[member] * self.mass(member, entries)
         return total
@@ -277,14 +282,13 @@ class Step:
         """
         bound = 0.0
         found = []
-        for member, probs in self.dense.items():
-            top = torch.topk(probs, min(SHORTCUT_TOP_K, probs.shape[0]))
-            found.append(self.c.maps[member].to_union[top.indices])
+        for member, distribution in self.raw.items():
+            values, ids = distribution.top(SHORTCUT_TOP_K)
+            found.append(self.c.maps[member].to_union[ids.to(self.c.device)])
             if len(self.partial[member][0]):
                 found.append(self.partial[member][0].to(self.c.device))
-            dense_total = float(probs.sum())
-            outside = max(0.0, dense_total - float(top.values.sum()))
-            kth = float(top.values[-1]) * self.c.maps[member].ids_per_entry
+            outside = max(0.0, distribution.total() - float(values.sum()))
+            kth = float(values[-1]) * self.c.maps[member].ids_per_entry
             bound += self.weights[member] * min(kth, outside)
         entries = torch.unique(torch.cat(found))
         entries = entries[entries != self.nowhere]
@@ -299,16 +303,21 @@ class Step:
         through the member's first sub-token of that text."""
         entries = self.candidates(top_k)
         total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
-        for member, probs in self.dense.items():
+        for member, distribution in self.raw.items():
             weight = self.weights[member]
             if not weight:
                 continue
-            mass = self.mass(member, entries)
-            values = mass.tolist()
+            values = self.mass(member, entries).tolist()
+            stand_ins = {}  # position -> the member's first sub-token of a candidate it lacks
             for position, entry in enumerate(entries.tolist()):
                 if entry != EOS_INDEX and values[position] == 0.0 and not self._has(member, entry):
                     token = first_token(member, self.text(entry))
-                    values[position] = float(probs[token]) if token is not None else 0.0
+                    if token is not None:
+                        stand_ins[position] = token
+            if stand_ins:
+                tokens = torch.tensor(list(stand_ins.values()), device=distribution.device)
+                for position, prob in zip(stand_ins, distribution.probs_at(tokens).tolist(), strict=True):
+                    values[position] = prob
             mass = torch.tensor(values, dtype=torch.float32, device=self.c.device)
             norm = float(mass.sum())
             if norm > 0:
@@ -356,7 +365,7 @@ class Step:
         """The geometric-mean variant: prod_i p_i^w_i over the top-k candidates, renormalised."""
         entries = self.candidates(top_k)
         log_total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
-        for member in self.dense:
+        for member in self.raw:
             if self.weights[member]:
                 log_total += self.weights[member] * torch.log(self.mass(member, entries).clamp(min=1e-30))
         return Scored(entries, torch.softmax(log_total, dim=0))
@@ -365,7 +374,7 @@ class Step:
 
     def preferred(self) -> int:
         """The tie-break entry: the own choice of the heaviest member (first among equals)."""
-        heaviest = max(self.dense, key=lambda m: (self.weights[m], -m))
+        heaviest = max(self.raw, key=lambda m: (self.weights[m], -m))
         return self.own(heaviest).entry
 
     def pick(self, scored: Scored) -> int:

@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 from test_requests import METHODS
 
 from ensemble_core import Ensemble, HFMember, RayMember
 from ensemble_core.errors import ClosedError, ConfigError, ModelLoadError
+from ensemble_core.members.contract import Continuations
 from ensemble_core.members.ray_member import MemberFailedError, RaySession, WireTraffic
+from ensemble_core.methods.choice import greedy_choice
 
 PROMPTS = ["The river", "A much longer prompt about mountains, valleys and"]
 
@@ -94,9 +97,12 @@ def test_a_member_on_a_real_model_matches_the_local_one(local_ray, float32_membe
         assert hosted.render("Hi").ids == smollm.render("Hi").ids
         assert hosted.text_logprob(["def add(a, b):"])[0] == pytest.approx(smollm.text_logprob(["def add(a, b):"])[0])
         question = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+        hosted.traffic = WireTraffic()
         over_ray = Ensemble([qwen, hosted], method="gac").generate(question, max_new_tokens=24)
         in_process = Ensemble([qwen, smollm], method="gac").generate(question, max_new_tokens=24)
         assert over_ray.text == in_process.text
+        stats = over_ray.stats.method_stats
+        assert hosted.traffic.kinds["about:dense"] == stats.ensembled_steps - stats.shortcut_steps
     finally:
         hosted.close()
 
@@ -108,16 +114,62 @@ def test_only_small_keys_stand_for_session_state_on_the_wire(hosted) -> None:
         session = member.start({1: member.render("The river")}, Ensemble(hosted).boundary)
         assert isinstance(session, RaySession)
         (found,) = session.next([1])
-        assert found.dense.device.type == "cpu" and found.dense.shape[0] == member.vocab.width
+        assert found.device.type == "cpu" and found.width == member.vocab.width
         assert type(found.origin).__name__ == "RemoteOrigin"  # the covering nodes stay in the actor
         session.commit(1, b" runs")  # rides along with the next call
         assert member.traffic.calls == 1
         assert member.vocab.table.spell(session.token_ids(1)) == b" runs"
         assert member.traffic.calls == 2
-        # a whole-token distribution is the bulk of a step: width float32 values
-        assert member.traffic.received >= 4 * member.vocab.width
     finally:
         member.traffic = None
+
+
+def test_a_distribution_crosses_as_a_summary_and_whole_only_when_asked(hosted) -> None:
+    member = hosted[1]
+    member.traffic = traffic = WireTraffic()
+    try:
+        session = member.start({1: member.render("A much longer prompt about")}, Ensemble(hosted).boundary)
+        (found,) = session.next([1])
+        assert traffic.kinds == {"next": 1}
+        assert traffic.received < member.vocab.width  # far less than the 4 bytes per id of the whole
+        values, ids = found.top(32)
+        assert torch.equal(found.probs_at(ids), values)  # answered from the summary
+        lookup = torch.arange(0, member.vocab.width, 7)  # most of these lie outside its top 256
+        partly_fetched = found.probs_at(lookup)
+        assert traffic.kinds == {"next": 1, "about:probs_at": 1}
+        assert torch.equal(found.probs_at(lookup), partly_fetched)  # kept: no second question
+        whole = found.dense
+        assert traffic.kinds["about:dense"] == 1 and traffic.received > 4 * member.vocab.width
+        assert torch.equal(partly_fetched, whole[lookup])
+        exact = torch.topk(whole, 32)
+        assert torch.equal(values, exact.values) and torch.equal(ids, exact.indices)
+        assert found.total() == pytest.approx(float(whole.sum()), abs=1e-6)  # summed by the actor's one thread
+        local = Continuations(whole, found.partial)
+        assert found.greedy == greedy_choice(member.vocab, local)  # made in the actor by the same rule
+        assert torch.equal(found.top(5)[1], torch.topk(whole, 5).indices)  # another k: asked once ...
+        (after,) = session.next([1])
+        top_calls = traffic.kinds["about:top"]
+        after.top(5)
+        assert top_calls == 1 and traffic.kinds["about:top"] == 1  # ... then sent with every distribution
+    finally:
+        member.traffic = None
+
+
+def test_greedy_gac_moves_a_whole_distribution_only_where_the_shortcut_cannot_decide(hosted, local) -> None:
+    for member in hosted:
+        member.traffic = WireTraffic()
+    try:
+        result = Ensemble(hosted, method="gac").generate(PROMPTS[1], max_new_tokens=12)
+        assert result.text == Ensemble(local, method="gac").generate(PROMPTS[1], max_new_tokens=12).text
+        stats = result.stats.method_stats
+        undecided = stats.ensembled_steps - stats.shortcut_steps
+        for member in hosted:
+            assert member.traffic.kinds["about:dense"] == undecided
+            if not undecided:
+                assert member.traffic.received / member.traffic.kinds["next"] < member.vocab.width
+    finally:
+        for member in hosted:
+            member.traffic = None
 
 
 def test_a_dead_actor_fails_the_generation_naming_the_member_and_restart_recovers(hosted, local) -> None:
