@@ -273,12 +273,20 @@ class Step:
         return total
 
     def greedy(self) -> tuple[int, bool]:
-        """The exact argmax of the full distribution, and whether the shortcut decided it.
+        """The exact argmax of the full distribution, and whether the shortcut decided it."""
+        decided = self.shortcut()
+        if decided is not None:
+            return self.pick(decided), True
+        return self.pick(self.full_scored()), False
+
+    def shortcut(self) -> Scored | None:
+        """The candidates whose best is provably the argmax of the full distribution, scored
+        exactly (None when the shortcut cannot tell: then only the full distribution can).
 
         Only each member's top-k whole tokens and all its partial texts are scored. Any entry
         outside that set gets at most `sum_i w_i * min(m_i * p_i[k-th], mass of i outside its
         top-k)` (m_i: the most ids of member i sharing one entry); if the best candidate beats
-        that bound it IS the argmax, else the full distribution decides.
+        that bound it IS the argmax, and every entry tied with it is among the candidates.
         """
         bound = 0.0
         found = []
@@ -293,9 +301,7 @@ class Step:
         entries = torch.unique(torch.cat(found))
         entries = entries[entries != self.nowhere]
         scores = self.score(entries)
-        if float(scores.max()) > bound + _BOUND_SLACK:
-            return self.pick(Scored(entries, scores)), True
-        return self.pick(Scored(torch.arange(self.size, device=self.c.device), self.full())), False
+        return Scored(entries, scores) if float(scores.max()) > bound + _BOUND_SLACK else None
 
     def unite(self, top_k: int, first_token: FirstToken) -> Scored:
         """UniTE: each member's distribution restricted to the union of all top-k candidates,

@@ -421,7 +421,11 @@ class _Walk:
                 self.stats.skipped_mass += 1
                 return draft_entry, "skipped_mass"
         self.stats.ensembled_positions += 1
-        scored = run.ensemble(step, self.state)
+        # the exact top-k shortcut where it decides and no sharpening follows (its best is then
+        # the full distribution's argmax); the full union otherwise
+        scored = step.shortcut() if run.method.base != "unite" else None
+        if scored is None or (run.method.sharpen is not None and float(scored.probs.max()) < 0.5):
+            scored = run.ensemble(step, self.state)
         chosen = step.pick(scored)
         if run.method.sharpen is not None and float(scored.probs.max()) < 0.5:
             chosen = step.pick(run.sharpened(step, scored))
