@@ -57,7 +57,7 @@ class WireSummary:
 def summarize(found: Continuations, key: int, top_ks: Sequence[int], greedy: Any) -> WireSummary:
     """The host's side: the summary of one of its member's distributions."""
     tops = {}
-    for k in sorted(set(top_ks)):
+    for k in sorted({min(k, found.width) for k in top_ks}):  # keyed as `top` clamps
         values, ids = found.top(k)
         tops[k] = (values.detach().cpu(), ids.detach().cpu().to(torch.int32))
     partial = tuple(
