@@ -54,7 +54,7 @@ from ensemble_core.members.contract import (
 )
 from ensemble_core.members.lanes import check_num_threads
 from ensemble_core.members.token_tree import Backend
-from ensemble_core.members.wire import SUMMARY_TOP_KS, SummarizedContinuations, WireSummary, summarize
+from ensemble_core.members.wire import SUMMARY_TOP_KS, SummarizedContinuations, WireSummary, summarize, wire_top
 
 
 class MemberFailedError(GenerationError):
@@ -143,8 +143,8 @@ class MemberHost:
             requests, drafts, temperature, written, top_ks = args
             readings = opened.read(requests, drafts, temperature, written)
             self._new_round(session, requests)
-            return [
-                [None if c is None else self._issue(session, r, c, top_ks) for c in reading.at] + [reading.written]
+            return [  # per request: (a summary per boundary, how many pieces it read as written)
+                ([None if c is None else self._issue(session, r, c, top_ks) for c in reading.at], reading.written)
                 for r, reading in zip(requests, readings, strict=True)
             ]
         if name == "about":
@@ -188,8 +188,7 @@ class MemberHost:
         if what == "probs_at":
             return _on_cpu(found.probs_at(argument.to(found.device)).float())
         if what == "top":
-            values, ids = found.top(argument)
-            return _on_cpu(values), _on_cpu(ids).to(torch.int32)
+            return wire_top(found, argument)
         raise GenerationError(f"unknown question about a distribution: {what!r}")
 
     def _issued_to(self, session: int, request: RequestId, key: int) -> Continuations:
@@ -485,8 +484,8 @@ class RaySession:
         chosen = None if written is None else list(written)
         found = self._call("read", list(requests), [list(d) for d in drafts], temperature, chosen, sorted(self._top_ks))
         return [
-            DraftReading([self._received(r, s) for s in row[:-1]], row[-1])
-            for r, row in zip(requests, found, strict=True)
+            DraftReading([self._received(r, s) for s in summaries], written)
+            for r, (summaries, written) in zip(requests, found, strict=True)
         ]
 
     def score(

@@ -54,12 +54,15 @@ class WireSummary:
     greedy: Any
 
 
+def wire_top(found: Continuations, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The host's side: `found.top(k)` as it crosses (CPU, ids as int32)."""
+    values, ids = found.top(k)
+    return values.detach().cpu(), ids.detach().cpu().to(torch.int32)
+
+
 def summarize(found: Continuations, key: int, top_ks: Sequence[int], greedy: Any) -> WireSummary:
     """The host's side: the summary of one of its member's distributions."""
-    tops = {}
-    for k in sorted({min(k, found.width) for k in top_ks}):  # keyed as `top` clamps
-        values, ids = found.top(k)
-        tops[k] = (values.detach().cpu(), ids.detach().cpu().to(torch.int32))
+    tops = {k: wire_top(found, k) for k in sorted({min(k, found.width) for k in top_ks})}  # keyed as `top` clamps
     partial = tuple(
         PartialGroup(g.skip, g.token_ids.detach().cpu().to(torch.int32), g.probs.detach().cpu(), g.route)
         for g in found.partial

@@ -324,6 +324,10 @@ class _SafeRun(MethodRun):
             return step.unite(self.method.top_k, first_token_of(state))
         return step.full_scored()
 
+    def sharpens(self, scored: Scored) -> bool:
+        """Whether the ensemble's choice is sharpened: no candidate reaches one half."""
+        return self.method.sharpen is not None and float(scored.probs.max()) < 0.5
+
     def sharpened(self, step: Step, scored: Scored) -> Scored:
         if self.method.sharpen == "geometric":
             return step.sharpen_geometric(self.method.top_k)
@@ -424,10 +428,10 @@ class _Walk:
         # the exact top-k shortcut where it decides and no sharpening follows (its best is then
         # the full distribution's argmax); the full union otherwise
         scored = step.shortcut() if run.method.base != "unite" else None
-        if scored is None or (run.method.sharpen is not None and float(scored.probs.max()) < 0.5):
+        if scored is None or run.sharpens(scored):
             scored = run.ensemble(step, self.state)
         chosen = step.pick(scored)
-        if run.method.sharpen is not None and float(scored.probs.max()) < 0.5:
+        if run.sharpens(scored):
             chosen = step.pick(run.sharpened(step, scored))
         self.stats.ensemble_kept_draft += chosen == draft_entry
         return chosen, "ensembled"
