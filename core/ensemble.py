@@ -23,6 +23,7 @@ from ensemble_core.members.contract import Boundary, Candidate, RenderedPrompt, 
 from ensemble_core.members.lanes import Lanes, lane_key
 from ensemble_core.methods.base import Binding, Method, resolve_method
 from ensemble_core.methods.weighting import PROMPT_BYTES, WeightRule, prompt_weights
+from ensemble_core.openmp import release_openmp_workers
 from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.vocab.union import forget_union
 
@@ -105,6 +106,7 @@ class Ensemble:
         self._lock = threading.Lock()
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
+        release_openmp_workers()  # the loading thread's; generation may well run in another thread
 
     def __repr__(self) -> str:
         return (
@@ -267,6 +269,18 @@ class Ensemble:
             self._check_open()
             yield
 
+    @contextlib.contextmanager
+    def _occupied(self) -> Iterator[None]:
+        """The ensemble for one whole call. On leaving, this thread gives back its OpenMP
+        workers (`ensemble_core.openmp`): the next call may come from another thread, whose
+        parallel regions would otherwise be throttled by this thread's idle pool."""
+        with self._lock:
+            self._check_open()
+            try:
+                yield
+            finally:
+                release_openmp_workers()
+
     def pick_tool(self, prompt: Prompt, tools: Tools) -> str:
         """The tool the ensemble finds likeliest to call next, when a call is required.
 
@@ -310,8 +324,7 @@ class Ensemble:
         requests = [RequestId(index) for index in range(len(prompts))]
         candidates = [[Candidate(choice.encode("utf-8")) for choice in choices] for choices in options]
         shares = [torch.zeros(len(choices)) for choices in options]
-        with self._lock:
-            self._check_open()
+        with self._occupied():
             weights = self._prompt_weights(list(prompts)) or [self.binding.weights] * len(prompts)
 
             def scores_of(m: int) -> list:
@@ -360,8 +373,7 @@ class Ensemble:
         settings: GenerationSettings,
         cancel: threading.Event | None = None,
     ) -> Iterator[StreamChunk]:
-        with self._lock:
-            self._check_open()
+        with self._occupied():
             weights = self._prompt_weights(prompts)
             yield from decode(
                 self.members,
