@@ -3,8 +3,8 @@
 One loaded ensemble (Qwen2.5-Coder 0.5B + SmolLM2 135M under SAFE) answers one chat prompt
 greedily (same tokens every time) through `Ensemble.generate` (in this thread and in an
 executor thread), `ChatEnsemble.invoke`, `ChatEnsemble.stream`, `ChatEnsemble.ainvoke` and
-LlamaIndex's `EnsembleLLM.chat` / `astream_chat`. The calls are interleaved for several rounds and the median of each is
-reported with its ratio to the core, all measured in the same run.
+LlamaIndex's `EnsembleLLM.chat` / `astream_chat`. The calls are interleaved for several rounds
+and the median of each is reported with its ratio to the core, all measured in the same run.
 
 Also: 8 concurrent `ainvoke` calls vs 8 sequential `invoke` calls (they queue on the
 ensemble, so the ratio shows the cost of the queueing, not a speed-up), and how long the

@@ -274,8 +274,7 @@ class Ensemble:
         """The ensemble for one whole call. On leaving, this thread gives back its OpenMP
         workers (`ensemble_core.openmp`): the next call may come from another thread, whose
         parallel regions would otherwise be throttled by this thread's idle pool."""
-        with self._lock:
-            self._check_open()
+        with self.hold():
             try:
                 yield
             finally:

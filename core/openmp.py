@@ -7,7 +7,7 @@ workers through the kernel. A decode step is hundreds of small parallel regions,
 that loads its models in one thread and generates in another (asyncio's worker, the batcher,
 a web server's thread pool) pays on every step. Measured on 2 cores: SmolLM2 decoded 1.68x
 and Qwen2.5-0.5B 1.22x slower in a second thread than in the main thread, and SAFE over both
-1.27x (`benchmarks/bench_adapters.py` shows the same for the async adapters).
+1.27x (`benchmarks/bench_adapters.py` measures the async adapters and `asyncio.to_thread`).
 
 `omp_pause_resource_all` (OpenMP 5.0) frees the calling thread's pool; the thread's next
 parallel region builds a new one, which costs a thread start per worker (microseconds), not a

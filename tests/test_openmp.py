@@ -7,9 +7,9 @@ releasing it shows in /proc/self/task. (The speed that this buys is in benchmark
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -43,21 +43,14 @@ def two_workers() -> Iterator[None]:
 
 
 def in_new_thread(work: Callable[[], object]) -> object:
-    found: dict[str, object] = {}
+    """`work()` in a thread of its own (which ends with the call), two OpenMP workers per region."""
 
-    def run() -> None:
+    def with_workers() -> object:
         torch.set_num_threads(WORKERS)
-        try:
-            found["value"] = work()
-        except BaseException as error:  # handed back to the test
-            found["error"] = error
+        return work()
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in found:
-        raise found["error"]  # type: ignore[misc]
-    return found["value"]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(with_workers).result()
 
 
 def parallel_region() -> None:
