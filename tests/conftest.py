@@ -7,6 +7,11 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    # Under pytest-xdist the workers share the cores: each gets its part as its OpenMP budget
+    # (set before torch loads, and inherited by the examples run as subprocesses). More
+    # OpenMP threads than cores make libgomp's idle workers throttle everyone's regions.
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 import importlib.util
 import shutil

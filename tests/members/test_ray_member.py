@@ -23,6 +23,9 @@ from ensemble_core.members.contract import Continuations
 from ensemble_core.members.ray_member import MemberFailedError, RaySession, WireTraffic
 from ensemble_core.methods.choice import greedy_choice
 
+# One local Ray cluster for the module: under pytest-xdist its tests stay on one worker.
+pytestmark = pytest.mark.xdist_group("ray")
+
 PROMPTS = ["The river", "A much longer prompt about mountains, valleys and"]
 
 
@@ -95,7 +98,11 @@ def test_a_member_on_a_real_model_matches_the_local_one(local_ray, float32_membe
     try:
         assert hosted.name == smollm.name and hosted.vocab.width == smollm.vocab.width
         assert hosted.render("Hi").ids == smollm.render("Hi").ids
-        assert hosted.text_logprob(["def add(a, b):"])[0] == pytest.approx(smollm.text_logprob(["def add(a, b):"])[0])
+        # The actor has its own torch thread budget: float32 sums in another order differ in the 7th digit.
+        code = ["def add(a, b):"]
+        [over_ray_score], [local_score] = hosted.text_logprob(code), smollm.text_logprob(code)
+        assert over_ray_score.scored_bytes == local_score.scored_bytes
+        assert over_ray_score.logprob == pytest.approx(local_score.logprob, rel=1e-5)
         question = [{"role": "user", "content": "Write a Python function that reverses a string."}]
         hosted.traffic = WireTraffic()
         over_ray = Ensemble([qwen, hosted], method="gac").generate(question, max_new_tokens=24)
