@@ -13,7 +13,7 @@ from typing import Any, Unpack
 import torch
 
 from ensemble_core import aio
-from ensemble_core.chat.templates import Prompt, Tools, prompt_text, validate_prompt, validate_tools
+from ensemble_core.chat.templates import Prompt, Tools, check_text, prompt_text, validate_prompt, validate_tools
 from ensemble_core.chat.tool_calls import forced_call_prefix
 from ensemble_core.config import GenerationSettings, SettingsKwargs, build_settings
 from ensemble_core.decode import DecodeLoop, decode
@@ -423,6 +423,7 @@ class Ensemble:
             validate_prompt(prompt, where=f"prompts[{index}]" if len(prompts) > 1 else "prompt")
         if not isinstance(reply_prefix, str):
             raise ConfigError(f"`reply_prefix` must be a string, but is {type(reply_prefix).__name__}.")
+        check_text(reply_prefix, "reply_prefix")
         checked_tools = validate_tools(tools)
         rendered: dict[int, list[RenderedPrompt]] = {}
         for m in self.binding.participants:

@@ -123,6 +123,21 @@ def test_settings_that_once_slipped_through_are_config_errors(quick: Ensemble, o
         quick.generate("Hi", **options)
 
 
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        {"reply_prefix": "\ud800x"},  # hypothesis found it: the tokenizers library's TypeError leaked
+        {"tools": [{"type": "function", "function": {"name": "f\ud800", "parameters": {"type": "object"}}}]},
+    ],
+    ids=["reply_prefix", "tools"],
+)
+def test_a_lone_surrogate_outside_the_prompt_is_a_config_error(quick: Ensemble, inputs) -> None:
+    from ensemble_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="surrogate"):
+        quick.generate([{"role": "user", "content": "Hi"}], **inputs)
+
+
 def test_random_prompts_and_settings_raise_nothing_but_ensemble_errors(quick: Ensemble) -> None:
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(PROMPT, SETTINGS, st.none() | ANY, ANY | st.just(""))

@@ -113,7 +113,22 @@ def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
                 f"`tools[{index}]` must look like {{'type': 'function', 'function': {{'name': ..., "
                 f"'description': ..., 'parameters': {{...}}}}}}, but is {tool!r:.80}."
             )
+        _check_nested_text(tool, f"tools[{index}]")
     return [dict(t) for t in tools]
+
+
+def _check_nested_text(value: Any, where: str) -> None:
+    """`check_text` on every string of a JSON-like value: a template writes all of a tool's
+    keys and values into the prompt, where a lone surrogate would fail inside the tokenizer."""
+    if isinstance(value, str):
+        check_text(value, where)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_nested_text(key, where)
+            _check_nested_text(item, f"{where}[{key!r}]")
+    elif isinstance(value, Sequence) and not isinstance(value, bytes):
+        for position, item in enumerate(value):
+            _check_nested_text(item, f"{where}[{position}]")
 
 
 def has_chat_template(tokenizer: Any) -> bool:
