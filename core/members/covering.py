@@ -46,6 +46,7 @@ from ensemble_core.members.contract import (
     ScoreKind,
 )
 from ensemble_core.members.token_tree import Node
+from ensemble_core.vocab.disk_cache import cached_flags
 from ensemble_core.vocab.tokens import TokenKind, TokenTable, per_tokenizer
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
 
@@ -91,7 +92,7 @@ class LeafIndex:
     starts with given bytes in O(log n)."""
 
     def __init__(self, tokenizer: Any, table: TokenTable):
-        emitted = _emittable(tokenizer, table)
+        emitted = cached_flags("emittable", tokenizer, table, lambda: _emittable(tokenizer, table))
         pairs = sorted(
             (spelled, token)
             for token, spelled in enumerate(table.token_bytes)
@@ -137,9 +138,10 @@ def _emittable(tokenizer: Any, table: TokenTable) -> list[bool]:
         except UnicodeDecodeError:
             continue
         owners.append(token)
-    encoded = _encode_many(tokenizer, table, texts)
+    # One id spelling exactly the token's own text cannot spell it wrongly: the raw ids suffice.
+    encoded = _encode_raw(tokenizer, table, texts)
     for token, ids in zip(owners, encoded, strict=True):
-        flags[token] = ids == [token]
+        flags[token] = ids is not None and len(ids) == 1 and ids[0] == token
     return flags
 
 
@@ -190,6 +192,16 @@ def leaf_index(tokenizer: Any, table: TokenTable) -> LeafIndex:
 def _encode_many(tokenizer: Any, table: TokenTable, texts: Sequence[str]) -> list[list[int] | None]:
     """Canonical ids for many texts at once (None where they do not spell the text exactly:
     a normaliser changed it). A SentencePiece dummy prefix is removed with an anchor."""
+    out: list[list[int] | None] = []
+    for text, ids in zip(texts, _encode_raw(tokenizer, table, texts), strict=True):
+        spelled_ok = ids is not None and all(0 <= i < len(table) and table.token_bytes[i] is not None for i in ids)
+        out.append(ids if spelled_ok and table.spell(ids) == text.encode("utf-8") else None)
+    return out
+
+
+def _encode_raw(tokenizer: Any, table: TokenTable, texts: Sequence[str]) -> list[list[int] | None]:
+    """The tokenizer's ids for many texts at once, unchecked (None where the anchor that removes
+    a SentencePiece dummy prefix did not survive)."""
     if not texts:
         return []
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -199,21 +211,11 @@ def _encode_many(tokenizer: Any, table: TokenTable, texts: Sequence[str]) -> lis
         raw = [e.ids for e in backend.encode_batch(inputs, add_special_tokens=False)]
     else:
         raw = [list(tokenizer.encode(t, add_special_tokens=False)) for t in inputs]
-    anchor_ids = (
-        (backend.encode(anchor, add_special_tokens=False).ids if backend is not None else tokenizer.encode(anchor))
-        if anchor
-        else []
-    )
-    out: list[list[int] | None] = []
-    for text, ids in zip(texts, raw, strict=True):
-        if anchor:
-            if ids[: len(anchor_ids)] != anchor_ids:
-                out.append(None)
-                continue
-            ids = ids[len(anchor_ids) :]
-        spelled_ok = all(0 <= i < len(table) and table.token_bytes[i] is not None for i in ids)
-        out.append(ids if spelled_ok and table.spell(ids) == text.encode("utf-8") else None)
-    return out
+    anchor_ids: list[int] = []
+    if anchor:
+        anchor_ids = backend.encode(anchor, add_special_tokens=False).ids if backend else tokenizer.encode(anchor)
+    cut = len(anchor_ids)
+    return [ids[cut:] if ids[:cut] == anchor_ids else None for ids in raw]
 
 
 # ---------------------------------------------------------------------- one covering

@@ -131,12 +131,13 @@ class Step:
 
     def _own_entries(self, texts: list[bytes]) -> list[int]:
         """This step's entries for texts the union lacks (known to be missing: no search)."""
+        base, known, listed = self.union.size + 1, self._dynamic, self._dynamic_texts
         made = []
-        for text in texts:
-            entry = self._dynamic.get(text)
+        for text in texts:  # thousands per step after a committed space: kept to plain dict work
+            entry = known.get(text)
             if entry is None:
-                entry = self._dynamic[text] = self.union.size + 1 + len(self._dynamic_texts)
-                self._dynamic_texts.append(text)
+                entry = known[text] = base + len(listed)
+                listed.append(text)
             made.append(entry)
         return made
 
