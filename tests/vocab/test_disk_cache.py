@@ -3,6 +3,7 @@ never read for another tokenizer, rebuilt when damaged, and harmless when unwrit
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "tokenizers"
 
 
-def _counting(flags: list[bool]) -> tuple[list[int], object]:
+def _counting(flags: list[bool]) -> tuple[list[int], Callable[[], list[bool]]]:
     calls = [0]
 
     def build() -> list[bool]:
