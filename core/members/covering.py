@@ -213,7 +213,9 @@ def _encode_raw(tokenizer: Any, table: TokenTable, texts: Sequence[str]) -> list
         raw = [list(tokenizer.encode(t, add_special_tokens=False)) for t in inputs]
     anchor_ids: list[int] = []
     if anchor:
-        anchor_ids = backend.encode(anchor, add_special_tokens=False).ids if backend else tokenizer.encode(anchor)
+        anchor_ids = (
+            backend.encode(anchor, add_special_tokens=False).ids if backend is not None else tokenizer.encode(anchor)
+        )
     cut = len(anchor_ids)
     return [ids[cut:] if ids[:cut] == anchor_ids else None for ids in raw]
 
