@@ -75,6 +75,51 @@ class PartialGroup:
     probs: torch.Tensor
     route: int = 0
 
+    # Methods read a group through these wherever a few candidates decide (the greedy shortcut,
+    # masses of other members' candidates): a member hosted elsewhere then sends the group's most
+    # likely candidates and a bound on the rest (`members.wire`), and the whole group crosses
+    # only when the full union is needed. A group built here knows every candidate.
+
+    @property
+    def complete(self) -> bool:
+        """Every candidate is known here (`known()` is the whole group, `unknown_bound` is 0)."""
+        return True
+
+    def known(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token ids, probabilities) of the candidates known without asking (all of them here)."""
+        return self.token_ids, self.probs
+
+    @property
+    def unknown_bound(self) -> float:
+        """The most probability any one candidate outside `known()` can have."""
+        return 0.0
+
+    @property
+    def unknown_mass(self) -> float:
+        """The probability of all candidates outside `known()` together."""
+        return 0.0
+
+    def token(self, index: int) -> int:
+        """The id of the group's `index`-th candidate (what `Pick(g, index)` names)."""
+        return int(self.token_ids[index])
+
+    def prob(self, index: int) -> float:
+        """The probability of the group's `index`-th candidate."""
+        return float(self.probs[index])
+
+    def probs_of(self, token_ids: Sequence[int]) -> list[float]:
+        """The probability of each token as a candidate of this group (0.0 where it is not one)."""
+        if not len(token_ids) or not len(self.token_ids):
+            return [0.0] * len(token_ids)
+        ids = self.token_ids.cpu().long()
+        order = torch.argsort(ids)
+        listed = ids[order]
+        asked = torch.tensor(list(token_ids), dtype=torch.long)
+        at = torch.searchsorted(listed, asked).clamp(max=len(listed) - 1)
+        hit = listed[at] == asked
+        found = self.probs.cpu().float()[order[at]]
+        return torch.where(hit, found, torch.zeros_like(found)).tolist()
+
 
 @dataclass(frozen=True)
 class Continuations:

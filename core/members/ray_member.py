@@ -9,13 +9,15 @@ unchanged, and the greedy text is the same as with the member in the driver.
 
 What crosses the wire per call: the arguments (request ids, committed bytes, drafts,
 candidates) and the results with their tensors moved to the CPU: `next`/`read` return a
-`WireSummary` per distribution (its top entries, total and greedy choice, see `members.wire`),
-never the logits-width distribution unless a method needs the full union; `score` returns the
+`WireSummary` per distribution (its top entries, total and greedy choice, and its large
+partial groups' most likely candidates, see `members.wire`), never the logits-width
+distribution or a whole large group unless a method needs the full union; `score` returns the
 per-token values. Session-private state never crosses: a distribution arrives with a small key
 in place of its origin; `write`, and questions about probabilities the summary lacks, send the
 key back. Calls that return nothing (`commit`, `drop`, `admit`) wait on the driver and ride
 along with the next call that does, so a greedy GaC step costs the member one round trip for
-`next`, one per `write`, and one where the other members' candidates lie outside its top 256.
+`next`, one per `write`, and one where the other members' candidates lie outside its top 256
+(or outside a large partial group's candidates sent).
 
 A dead actor (node lost, out of memory, `ray.kill`) makes the running generation fail with
 `MemberFailedError` naming the member; `RayMember.restart()` loads it again in a new actor.
@@ -30,7 +32,7 @@ import pickle
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +56,16 @@ from ensemble_core.members.contract import (
 )
 from ensemble_core.members.lanes import check_num_threads
 from ensemble_core.members.token_tree import Backend
-from ensemble_core.members.wire import SUMMARY_TOP_KS, SummarizedContinuations, WireSummary, summarize, wire_top
+from ensemble_core.members.wire import (
+    SUMMARY_TOP_KS,
+    PartialSummary,
+    SummarizedContinuations,
+    WireSummary,
+    summarize,
+    wire_group,
+    wire_group_probs,
+    wire_top,
+)
 
 
 class MemberFailedError(GenerationError):
@@ -189,6 +200,11 @@ class MemberHost:
             return _on_cpu(found.probs_at(argument.to(found.device)).float())
         if what == "top":
             return wire_top(found, argument)
+        if what == "group":
+            return wire_group(found.partial[argument])
+        if what == "group_probs":
+            group, token_ids = argument
+            return wire_group_probs(found.partial[group], token_ids)
         raise GenerationError(f"unknown question about a distribution: {what!r}")
 
     def _issued_to(self, session: int, request: RequestId, key: int) -> Continuations:
@@ -422,14 +438,29 @@ class WireTraffic:
     sent: int = 0
     received: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
-    """Calls by kind: "next", "write", ..., and "about:dense" / "about:probs_at" / "about:top"
-    for questions about a distribution's summary (a whole distribution fetched is "about:dense")."""
+    """Calls by kind: "next", "write", ..., and "about:dense" / "about:probs_at" / "about:top" /
+    "about:group" / "about:group_probs" for questions about a distribution's summary (a whole
+    distribution fetched is "about:dense", a whole partial group "about:group")."""
+    withheld: int = 0
+    """Partial candidates that stayed in the actor: in large groups, beyond those sent."""
 
     def count(self, kind: str, arguments: Any, result: Any) -> None:
         self.calls += 1
         self.kinds[kind] += 1
         self.sent += len(pickle.dumps(arguments, protocol=5))
         self.received += len(pickle.dumps(result, protocol=5))
+        if kind in ("next", "read"):
+            self.withheld += sum(g.count - len(g.token_ids) for g in _partial_summaries(result))
+
+
+def _partial_summaries(result: Any) -> Iterator[PartialSummary]:
+    """The large groups' summaries in a `next` or `read` result (lists of summaries, or of
+    (summaries, pieces read as written) pairs)."""
+    if isinstance(result, WireSummary):
+        yield from (g for g in result.partial if isinstance(g, PartialSummary))
+    elif isinstance(result, list | tuple):
+        for item in result:
+            yield from _partial_summaries(item)
 
 
 class RaySession:

@@ -13,8 +13,13 @@ small round trip), and fetches the whole distribution only where the full union 
 (sampling, the shortcut's fallback). Every answer is the host's own float32 value, so the
 text is the same as with the member in the driver.
 
-Candidates from tokens that re-cover committed bytes (`PartialGroup`s) travel whole: they are
-what makes the step boundary-correct, and the method may weigh any of them.
+Candidates from tokens that re-cover committed bytes (`PartialGroup`s) are summarised the same
+way: a group of up to `PARTIAL_SENT` candidates travels whole; a larger one (after a committed
+space: every space-led token, tens of thousands) sends its `PARTIAL_SENT` most likely candidates
+and what bounds the rest (the least probability sent, the mass not sent). The driver's
+`SummarizedPartialGroup` asks for the probabilities of other candidates by token id, and for the
+whole group only where the full union is needed; the shortcut (`methods.combine.Step.shortcut`)
+adds the bound to its own.
 """
 
 from __future__ import annotations
@@ -27,10 +32,34 @@ import torch
 
 from ensemble_core.members.contract import Continuations, PartialGroup
 
+PARTIAL_SENT = 256
+"""A partial group of at most this many candidates crosses whole; a larger one sends this many."""
+
 SUMMARY_TOP_KS = (32, 256)
 """The `top(k)`s sent with every distribution until the driver asks for another k (then that one
 too): the greedy shortcut's k (`methods.combine.SHORTCUT_TOP_K`) and a wider set whose
 probabilities answer most lookups of other members' candidates without a round trip."""
+
+
+@dataclass(frozen=True)
+class PartialSummary:
+    """What crosses for one large partial group: its most likely candidates and a bound on the rest.
+
+    Attributes:
+        skip / route: as the group's (`PartialGroup`).
+        count: how many candidates the group has.
+        positions: int32 [t]: where the sent candidates sit in the group (what `Pick`s name).
+        token_ids: int32 [t]; probs: float32 [t]: the sent candidates, most likely first.
+        rest: the probability of the candidates not sent, together (float64 sum).
+    """
+
+    skip: int
+    route: int
+    count: int
+    positions: torch.Tensor
+    token_ids: torch.Tensor
+    probs: torch.Tensor
+    rest: float
 
 
 @dataclass(frozen=True)
@@ -42,7 +71,7 @@ class WireSummary:
         width: the logits width.
         tops: k -> (probabilities, ids) exactly as `torch.topk(dense, k)` gives them.
         total: `float(dense.sum())`.
-        partial: the partial groups, whole (ids as int32).
+        partial: the partial groups: small ones whole (ids as int32), large ones summarised.
         greedy: the member's own greedy choice (`methods.choice.Choice`).
     """
 
@@ -50,7 +79,7 @@ class WireSummary:
     width: int
     tops: dict[int, tuple[torch.Tensor, torch.Tensor]]
     total: float
-    partial: tuple[PartialGroup, ...]
+    partial: tuple[PartialGroup | PartialSummary, ...]
     greedy: Any
 
 
@@ -60,19 +89,125 @@ def wire_top(found: Continuations, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values.detach().cpu(), ids.detach().cpu().to(torch.int32)
 
 
+def wire_group(group: PartialGroup) -> tuple[torch.Tensor, torch.Tensor]:
+    """The host's side: a whole partial group as it crosses (CPU, ids as int32)."""
+    return group.token_ids.detach().cpu().to(torch.int32), group.probs.detach().cpu().float()
+
+
+def wire_group_probs(group: PartialGroup, token_ids: torch.Tensor) -> torch.Tensor:
+    """The host's side: float32 [n], each token's probability as a candidate of the group (0 where
+    it is not one)."""
+    return torch.tensor(group.probs_of(token_ids.tolist()), dtype=torch.float32)
+
+
+def summarize_group(group: PartialGroup) -> PartialGroup | PartialSummary:
+    """The host's side: a partial group as it crosses (see the module docstring)."""
+    ids, probs = wire_group(group)
+    if len(ids) <= PARTIAL_SENT:
+        return PartialGroup(group.skip, ids, probs, group.route)
+    sent = torch.topk(probs, PARTIAL_SENT)
+    rest = torch.ones(len(probs), dtype=torch.bool)
+    rest[sent.indices] = False
+    return PartialSummary(
+        group.skip,
+        group.route,
+        len(ids),
+        sent.indices.to(torch.int32),
+        ids[sent.indices],
+        sent.values,
+        float(probs[rest].double().sum()),
+    )
+
+
 def summarize(found: Continuations, key: int, top_ks: Sequence[int], greedy: Any) -> WireSummary:
     """The host's side: the summary of one of its member's distributions."""
     tops = {k: wire_top(found, k) for k in sorted({min(k, found.width) for k in top_ks})}  # keyed as `top` clamps
-    partial = tuple(
-        PartialGroup(g.skip, g.token_ids.detach().cpu().to(torch.int32), g.probs.detach().cpu(), g.route)
-        for g in found.partial
-    )
+    partial = tuple(summarize_group(g) for g in found.partial)
     return WireSummary(key, found.width, tops, found.total(), partial, greedy)
 
 
 Fetch = Callable[[str, Any], Any]
 """(what, argument) -> the host's answer about one distribution: ("dense", None) -> float32
-[width]; ("probs_at", ids) -> float32 [n]; ("top", k) -> (probabilities, ids)."""
+[width]; ("probs_at", ids) -> float32 [n]; ("top", k) -> (probabilities, ids); ("group", g) ->
+partial group g whole as (int32 ids, float32 probabilities); ("group_probs", (g, ids)) -> float32
+[n], each token's probability in group g (0 where it is not a candidate)."""
+
+
+class SummarizedPartialGroup(PartialGroup):
+    """The driver's view of a large partial group of a hosted member: answers from its
+    `PartialSummary`, asks the host for other tokens' probabilities, and fetches the whole group
+    (then it is complete) only where every candidate is read. Its tensors are on the CPU."""
+
+    def __init__(self, summary: PartialSummary, group: int, fetch: Fetch):
+        # a frozen dataclass underneath: fields are set once, here
+        object.__setattr__(self, "skip", summary.skip)
+        object.__setattr__(self, "route", summary.route)
+        object.__setattr__(self, "_summary", summary)
+        object.__setattr__(self, "_group", group)
+        object.__setattr__(self, "_fetch", fetch)
+        object.__setattr__(self, "_whole", None)
+        known = dict(zip(summary.token_ids.tolist(), summary.probs.tolist(), strict=True))
+        object.__setattr__(self, "_probs_by_id", known)  # grows with every answer from the host
+        object.__setattr__(self, "_sent_at", dict(zip(summary.positions.tolist(), range(len(known)), strict=True)))
+
+    def _fetched(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._whole is None:
+            ids, probs = self._fetch("group", self._group)
+            object.__setattr__(self, "_whole", (ids.long(), probs.float()))
+        return self._whole
+
+    @property
+    def token_ids(self) -> torch.Tensor:  # type: ignore[override]
+        """Every candidate's id (the whole group, fetched from the host once)."""
+        return self._fetched()[0]
+
+    @property
+    def probs(self) -> torch.Tensor:  # type: ignore[override]
+        """Every candidate's probability (the whole group, fetched from the host once)."""
+        return self._fetched()[1]
+
+    @property
+    def complete(self) -> bool:
+        return self._whole is not None
+
+    def known(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._whole is not None:
+            return self._whole
+        return self._summary.token_ids.long(), self._summary.probs
+
+    @property
+    def unknown_bound(self) -> float:
+        return 0.0 if self._whole is not None else min(float(self._summary.probs[-1]), self._summary.rest)
+
+    @property
+    def unknown_mass(self) -> float:
+        return 0.0 if self._whole is not None else self._summary.rest
+
+    def token(self, index: int) -> int:
+        sent = self._sent_at.get(index)
+        if self._whole is None and sent is not None:
+            return int(self._summary.token_ids[sent])
+        return int(self.token_ids[index])
+
+    def prob(self, index: int) -> float:
+        sent = self._sent_at.get(index)
+        if self._whole is None and sent is not None:
+            return float(self._summary.probs[sent])
+        return float(self.probs[index])
+
+    def probs_of(self, token_ids: Sequence[int]) -> list[float]:
+        if self._whole is not None:
+            return super().probs_of(token_ids)
+        known = self._probs_by_id
+        missing = sorted({t for t in token_ids if t not in known})
+        if missing:
+            asked = self._fetch("group_probs", (self._group, torch.tensor(missing, dtype=torch.int32)))
+            known.update(zip(missing, asked.tolist(), strict=True))
+        return [known[t] for t in token_ids]
+
+    def __repr__(self) -> str:
+        summary = self._summary
+        return f"SummarizedPartialGroup(skip={self.skip}, count={summary.count}, sent={len(summary.token_ids)})"
 
 
 class SummarizedContinuations(Continuations):
@@ -81,7 +216,12 @@ class SummarizedContinuations(Continuations):
 
     def __init__(self, summary: WireSummary, origin: Any, fetch: Fetch, learn_top: Callable[[int], None]):
         # a frozen dataclass underneath: fields are set once, here
-        partial = tuple(PartialGroup(g.skip, g.token_ids.long(), g.probs, g.route) for g in summary.partial)
+        partial = tuple(
+            SummarizedPartialGroup(g, index, fetch)
+            if isinstance(g, PartialSummary)
+            else PartialGroup(g.skip, g.token_ids.long(), g.probs, g.route)
+            for index, g in enumerate(summary.partial)
+        )
         object.__setattr__(self, "partial", partial)
         object.__setattr__(self, "origin", origin)
         object.__setattr__(self, "greedy", summary.greedy)

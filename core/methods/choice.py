@@ -49,14 +49,13 @@ def pick_text(vocab: MemberVocab, distribution: Continuations, pick: Pick) -> tu
             return b"", True
         return vocab.text_of(pick.index) or b"", False
     group = distribution.partial[pick.group]
-    token = int(group.token_ids[pick.index])
-    return (vocab.text_of(token) or b"")[group.skip :], False
+    return (vocab.text_of(group.token(pick.index)) or b"")[group.skip :], False
 
 
 def pick_prob(distribution: Continuations, pick: Pick) -> float:
     if pick.group == -1:
         return float(distribution.probs_at(torch.tensor([pick.index], device=distribution.device))[0])
-    return float(distribution.partial[pick.group].probs[pick.index])
+    return distribution.partial[pick.group].prob(pick.index)
 
 
 def greedy_choice(vocab: MemberVocab, distribution: Continuations) -> Choice:

@@ -15,9 +15,12 @@ the union's index maps live there (moved once per device, see `MemberMap.on`).
 
 Tie rule (the same on every path, so a method that skips work picks what the full computation
 would): among entries with exactly the highest score, the own choice of the member with the
-largest weight wins (the first such member); otherwise the lowest entry. With one member at
-weight 1, or the same model twice, this reproduces that member's own greedy choice even when
-its top two candidates tie.
+largest weight wins (the first such member); otherwise the entry with the smallest text (in
+byte order: among union entries, the lowest entry). With one member at weight 1, or the same
+model twice, this reproduces that member's own greedy choice even when its top two candidates
+tie. Texts decide, not this step's own entry numbers, because those are given in the order texts
+turn up, which depends on how much of a hosted member's partial groups crossed the wire; for the
+same reason every set of scored entries a method may sample from is in text order.
 """
 
 from __future__ import annotations
@@ -100,8 +103,10 @@ class Step:
         self._dynamic: dict[bytes, int] = {}
         self._dynamic_texts: list[bytes] = []
         # member -> (sorted entries, float64 masses) of its partial candidates (texts from tokens
-        # re-covering committed bytes)
+        # re-covering committed bytes) known here: all of them, except for a hosted member whose
+        # large groups crossed as their most likely candidates and a bound on the rest
         self.partial = {m: self._partial_masses(m, d) for m, d in self.raw.items()}
+        self._in_part = {m for m, d in self.raw.items() if not all(g.complete for g in d.partial)}
         self._partial_sets: dict[int, set[int]] = {}
         self._own: dict[int, OwnChoice] = {}
 
@@ -149,8 +154,8 @@ class Step:
         found_entries, found_masses = [], []
         for group in distribution.partial:
             suffixes = table.suffixes(group.skip)
-            ids = group.token_ids.cpu()
-            probs = group.probs.cpu().double()
+            ids, probs = group.known()
+            ids, probs = ids.cpu().long(), probs.cpu().double()
             keep = (probs > 0) & (ids < len(suffixes.ids))
             text_ids = suffixes.ids[ids[keep]]
             probs = probs[keep]
@@ -175,9 +180,62 @@ class Step:
             target = int(self.c.maps[member].to_union[pick.index])
             return None if target == self.nowhere else target
         group = self.raw[member].partial[pick.group]
-        token = int(group.token_ids[pick.index])
-        spelled = self.c.members[member].table.token_bytes[token] or b""
+        spelled = self.c.members[member].table.token_bytes[group.token(pick.index)] or b""
         return self.entry_of(spelled[group.skip :])
+
+    def _partial_values(self, member: int, listed: torch.Tensor) -> torch.Tensor:
+        """float64 [n]: the member's partial mass on each entry of `listed` (CPU LongTensor)."""
+        if member in self._in_part:
+            return self._asked_partial_values(member, listed)
+        values = torch.zeros(len(listed), dtype=torch.float64)
+        partial_entries, partial_masses = self.partial[member]
+        if len(partial_entries):
+            at = torch.searchsorted(partial_entries, listed).clamp(max=len(partial_entries) - 1)
+            hit = partial_entries[at] == listed
+            values[hit] = partial_masses[at[hit]]
+        return values
+
+    def _asked_partial_values(self, member: int, listed: torch.Tensor) -> torch.Tensor:
+        """`_partial_values` where some group is known only in part: each group's probability of
+        each listed text, added group by group in group order (the sums the whole groups give),
+        the group asked only for the tokens it did not send."""
+        table = self.c.members[member].table
+        texts = [b"" if e in (EOS_INDEX, self.nowhere) else self.text(e) for e in listed.tolist()]
+        total = torch.zeros(len(texts), dtype=torch.float64)
+        for group in self.raw[member].partial:
+            ids, _ = group.known()
+            if not len(ids):
+                continue
+            head = (table.token_bytes[int(ids[0])] or b"")[: group.skip]  # the committed bytes it re-covers
+            spellings = [table.ids_by_bytes.get(head + text, ()) if text else () for text in texts]
+            probs = iter(group.probs_of([token for tokens in spellings for token in tokens]))
+            sums = [0.0] * len(texts)
+            for position, tokens in enumerate(spellings):
+                for _ in tokens:
+                    sums[position] += next(probs)
+            total += torch.tensor(sums, dtype=torch.float64)
+        return total
+
+    def _unknown_partial_bound(self, member: int) -> float:
+        """The most partial mass any entry the member's known candidates lack can have."""
+        sharing = self.c.maps[member].ids_per_entry  # ids with the same bytes give one text
+        return sum(min(g.unknown_bound * sharing, g.unknown_mass) for g in self.raw[member].partial if not g.complete)
+
+    def _complete(self, member: int) -> None:
+        """Every partial candidate of the member known here (a hosted member's groups fetched whole)."""
+        if member not in self._in_part:
+            return
+        for group in self.raw[member].partial:
+            group.token_ids  # noqa: B018 - fetched once, then the group is complete
+        self.partial[member] = self._partial_masses(member, self.raw[member])
+        self._in_part.discard(member)
+        self._partial_sets.pop(member, None)
+
+    def _in_text_order(self, entries: torch.Tensor) -> torch.Tensor:
+        """Sorted entries (union entries are in text order) with this step's own ones merged in by text."""
+        if not bool((entries > self.nowhere).any()):
+            return entries
+        return torch.tensor(sorted(entries.tolist(), key=self.text), dtype=torch.long, device=entries.device)
 
     def _partial_set(self, member: int) -> set[int]:
         if member not in self._partial_sets:
@@ -196,8 +254,8 @@ class Step:
         found = first >= 0
         zero = torch.zeros((), device=entries.device)
         mass = torch.where(found, distribution.probs_at(first.clamp(min=0)).to(entries.device), zero)
-        partial_entries, partial_masses = self.partial[member]
-        if not member_map.extra_ids and not len(partial_entries):
+        partial_entries, _ = self.partial[member]
+        if not member_map.extra_ids and not len(partial_entries) and member not in self._in_part:
             return mass
         values = mass.double().cpu()  # float64, as a Python sum over the candidates would add
         listed = entries.cpu()
@@ -208,10 +266,8 @@ class Step:
                 tokens = torch.tensor([token for _, token in extra], device=distribution.device)
                 for (position, _), prob in zip(extra, distribution.probs_at(tokens).tolist(), strict=True):
                     values[position] += prob
-        if len(partial_entries):
-            at = torch.searchsorted(partial_entries, listed).clamp(max=len(partial_entries) - 1)
-            hit = partial_entries[at] == listed
-            values[hit] += partial_masses[at[hit]]
+        if len(partial_entries) or member in self._in_part:
+            values += self._partial_values(member, listed)
         return values.to(torch.float32).to(entries.device)
 
     def probabilities_of(self, entry: int) -> dict[int, float]:
@@ -237,6 +293,9 @@ class Step:
 
     def full(self) -> torch.Tensor:
         """sum_i w_i p_i over every entry, float32 [size] (ALGORITHMS.md section 1)."""
+        for member in self.raw:
+            if self.weights[member]:
+                self._complete(member)  # (before sizing: their texts may add entries)
         total = torch.zeros(self.size, dtype=torch.float32, device=self.c.device)
         for member, distribution in self.raw.items():
             weight = self.weights[member]
@@ -257,12 +316,35 @@ class Step:
         for member, distribution in self.raw.items():
             _, ids = distribution.top(top_k)
             found.append(self.c.maps[member].to_union[ids.to(self.c.device)])
-            entries, masses = self.partial[member]
-            heaviest = entries[torch.sort(masses, descending=True, stable=True).indices[:top_k]]
+            heaviest = self._heaviest_partial(member, top_k)
             own = torch.tensor([self.own(member).entry], dtype=torch.long)
             found.append(torch.cat([heaviest, own]).to(self.c.device))
         entries = torch.unique(torch.cat(found))
-        return entries[entries != self.nowhere]
+        return self._in_text_order(entries[entries != self.nowhere])
+
+    def _heaviest_partial(self, member: int, top_k: int) -> torch.Tensor:
+        """The entries of the member's `top_k` heaviest partial texts (the first among equals by
+        entry). Where its groups are known only in part, the known texts decide when the k-th of
+        them outweighs anything the rest could hold; otherwise the groups are fetched whole."""
+        entries, masses = self.partial[member]
+        if member in self._in_part:
+            exact = self._partial_values(member, entries)
+            order = torch.sort(exact, descending=True, stable=True).indices[:top_k]
+            if len(order) == top_k and float(exact[order[-1]]) > self._unknown_partial_bound(member) + _BOUND_SLACK:
+                return self._heaviest(entries, exact, top_k)
+            self._complete(member)
+            entries, masses = self.partial[member]
+        return self._heaviest(entries, masses, top_k)
+
+    def _heaviest(self, entries: torch.Tensor, masses: torch.Tensor, top_k: int) -> torch.Tensor:
+        """The `top_k` entries of the largest masses; among equal masses at the cut, the smallest texts."""
+        order = torch.sort(masses, descending=True, stable=True).indices
+        if len(order) <= top_k or float(masses[order[top_k - 1]]) != float(masses[order[top_k]]):
+            return entries[order[:top_k]]
+        cut = masses[order[top_k - 1]]
+        above = entries[masses > cut]
+        tied = sorted(entries[masses == cut].tolist(), key=self.text)
+        return torch.cat([above, torch.tensor(tied[: top_k - len(above)], dtype=torch.long)])
 
     def score(self, entries: torch.Tensor, weights: Sequence[float] | None = None) -> torch.Tensor:
         """sum_i w_i p_i(entry) for the given entries only."""
@@ -284,10 +366,13 @@ class Step:
         """The candidates whose best is provably the argmax of the full distribution, scored
         exactly (None when the shortcut cannot tell: then only the full distribution can).
 
-        Only each member's top-k whole tokens and all its partial texts are scored. Any entry
-        outside that set gets at most `sum_i w_i * min(m_i * p_i[k-th], mass of i outside its
-        top-k)` (m_i: the most ids of member i sharing one entry); if the best candidate beats
-        that bound it IS the argmax, and every entry tied with it is among the candidates.
+        Only each member's top-k whole tokens and its partial texts known here (all of them, but
+        for a hosted member's large groups: their most likely candidates) are scored. Any entry
+        outside that set gets at most `sum_i w_i * (min(m_i * p_i[k-th], mass of i outside its
+        top-k) + sum over i's groups known in part of min(m_i * the group's least sent
+        probability, its mass not sent))` (m_i: the most ids of member i sharing one entry); if
+        the best candidate beats that bound it IS the argmax, and every entry tied with it is
+        among the candidates.
         """
         bound = 0.0
         found = []
@@ -298,7 +383,7 @@ class Step:
                 found.append(self.partial[member][0].to(self.c.device))
             outside = max(0.0, distribution.total() - float(values.sum()))
             kth = float(values[-1]) * self.c.maps[member].ids_per_entry
-            bound += self.weights[member] * min(kth, outside)
+            bound += self.weights[member] * (min(kth, outside) + self._unknown_partial_bound(member))
         entries = torch.unique(torch.cat(found))
         entries = entries[entries != self.nowhere]
         scores = self.score(entries)
@@ -332,7 +417,11 @@ class Step:
         return Scored(entries, total)
 
     def _has(self, member: int, entry: int) -> bool:
-        return (entry < self.union.size and self.c.maps[member].has(entry)) or entry in self._partial_set(member)
+        if entry < self.union.size and self.c.maps[member].has(entry):
+            return True
+        if member in self._in_part:
+            return bool(self._partial_values(member, torch.tensor([entry]))[0] > 0)
+        return entry in self._partial_set(member)
 
     def sharpen_heuristic(self, scored: Scored, drafter: int, threshold: float) -> Scored:
         """SAFE's sharpening: each entry above `threshold` that the drafter has as a candidate
@@ -350,12 +439,11 @@ class Step:
             prefix = self.text(entry)
             if incomplete_utf8_suffix(prefix):
                 continue  # a lone lead byte would collect every character it starts, and split one
-            if whole:  # sorted union entries: the extensions are one range, plus this step's own entries
+            if whole:  # `full_scored`: the union's extensions are one range, plus this step's own entries
                 lo, hi = self.union.prefix_range(prefix)
-                extra = [
-                    self.union.size + 1 + e for e, text in enumerate(self._dynamic_texts) if text.startswith(prefix)
-                ]
-                gained = scored.probs[lo:hi].sum() + sum(scored.probs[e] for e in extra)
+                own = scored.entries[self.nowhere + 1 :].tolist()
+                extra = [self.nowhere + 1 + p for p, e in enumerate(own) if self.text(e).startswith(prefix)]
+                gained = scored.probs[lo:hi].sum() + sum(scored.probs[p] for p in extra)
                 boosted.append((entry, torch.as_tensor(gained)))
                 continue
             extends = [e != self.nowhere and self.text(e).startswith(prefix) for e in scored.entries.tolist()]
@@ -391,7 +479,7 @@ class Step:
         if len(tied) == 1:
             return int(tied[0])
         preferred = self.preferred()
-        return preferred if bool((tied == preferred).any()) else int(tied.min())
+        return preferred if bool((tied == preferred).any()) else min(tied.tolist(), key=self.text)
 
     def choose(self, scored: Scored, settings: GenerationSettings, generator: torch.Generator | None) -> int:
         """argmax (greedy) or a seeded sample after top-p, over a scored set of entries."""
@@ -401,4 +489,12 @@ class Step:
         return int(scored.entries[sample(probs, generator)])
 
     def full_scored(self) -> Scored:
-        return Scored(torch.arange(self.size, device=self.c.device), self.full())
+        """The full distribution as scored entries in text order: the union's (positions = entries),
+        the nowhere slot, then this step's own entries by text."""
+        total = self.full()
+        fixed = torch.arange(self.nowhere + 1, device=self.c.device)
+        if not self._dynamic_texts:
+            return Scored(fixed, total)
+        own = sorted(range(self.nowhere + 1, self.size), key=self.text)
+        entries = torch.cat([fixed, torch.tensor(own, dtype=torch.long, device=self.c.device)])
+        return Scored(entries, total[entries])

@@ -16,6 +16,7 @@ import pytest
 import ray
 import torch
 from test_requests import METHODS
+from test_wire import spelling_more
 
 from ensemble_core import Ensemble, HFMember, RayMember
 from ensemble_core.errors import ClosedError, ConfigError, ModelLoadError
@@ -160,6 +161,30 @@ def test_a_distribution_crosses_as_a_summary_and_whole_only_when_asked(hosted) -
         assert top_calls == 1 and traffic.kinds["about:top"] == 1  # ... then sent with every distribution
     finally:
         member.traffic = None
+
+
+def test_a_large_partial_group_crosses_in_part_and_every_method_writes_the_same_text(hosted, local) -> None:
+    """After a prompt's trailing space every space-led token re-covers it (tens of thousands of
+    candidates): the group crosses as its most likely candidates, and the text is the same."""
+    prompts = ["The river ", "def f(x):\n    return x +"]
+    member = hosted[1]
+    member.traffic = traffic = WireTraffic()
+    try:
+        session = member.start({1: member.render(prompts[0])}, Ensemble(hosted).boundary)
+        (found,) = session.next([1])
+        (group,) = [g for g in found.partial if not g.complete]
+        whole_bytes = 8 * len(spelling_more(member.vocab.table, b" "))
+        assert traffic.kinds == {"next": 1} and traffic.received < whole_bytes / 20
+        sent = len(group.known()[0])
+        assert len(group.token_ids) > 20 * sent  # fetched whole only when read whole
+        assert traffic.kinds["about:group"] == 1 and group.complete
+    finally:
+        member.traffic = None
+    for method in ("gac", "unite", "safe"):
+        over_ray = Ensemble(hosted, method=METHODS[method]).generate_batch(prompts, max_new_tokens=8)
+        in_process = Ensemble(local, method=METHODS[method]).generate_batch(prompts, max_new_tokens=8)
+        assert [r.text for r in over_ray] == [r.text for r in in_process]
+        assert [r.token_ids for r in over_ray] == [r.token_ids for r in in_process]
 
 
 def test_greedy_gac_moves_a_whole_distribution_only_where_the_shortcut_cannot_decide(hosted, local) -> None:

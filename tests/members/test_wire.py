@@ -1,0 +1,157 @@
+"""A hosted member's distribution as it crosses the wire: the methods read the same numbers from
+the summary as from the whole distribution (real tokenizers, no model, no Ray: the host's
+answers are called in process)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from conftest import packaged_member
+
+from ensemble_core.members.contract import Continuations, PartialGroup, Pick
+from ensemble_core.members.ray_member import MemberHost
+from ensemble_core.members.wire import (
+    PARTIAL_SENT,
+    SUMMARY_TOP_KS,
+    PartialSummary,
+    SummarizedContinuations,
+    SummarizedPartialGroup,
+    summarize,
+)
+from ensemble_core.methods.choice import greedy_choice, pick_prob, pick_text
+from ensemble_core.methods.combine import Combiner
+from ensemble_core.methods.token import union_for
+
+NAMES = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
+
+
+@pytest.fixture(scope="module")
+def members():
+    return [packaged_member(n) for n in NAMES]
+
+
+@pytest.fixture(scope="module")
+def union(members):
+    return union_for([m.vocab for m in members])
+
+
+def over_the_wire(vocab, found: Continuations, asked: Counter) -> SummarizedContinuations:
+    """What the driver holds of `found` hosted elsewhere: its summary, with the host's answers."""
+    summary = summarize(found, 1, SUMMARY_TOP_KS, greedy_choice(vocab, found))
+
+    def fetch(what, argument):
+        asked[what] += 1
+        return MemberHost._about(found, what, argument)
+
+    return SummarizedContinuations(summary, None, fetch, lambda k: None)
+
+
+def texts(step, entries: torch.Tensor) -> list[bytes | None]:
+    return [None if e == step.nowhere else step.text(e) for e in entries.tolist()]
+
+
+def no_stand_in(member: int, text: bytes) -> None:
+    return None
+
+
+SPELLING_MORE: dict[tuple[int, bytes], list[int]] = {}
+
+
+def spelling_more(table, text: bytes) -> list[int]:
+    """The ids of every token that spells `text` and more."""
+    key = (id(table), text)
+    if key not in SPELLING_MORE:
+        SPELLING_MORE[key] = [
+            i for i, b in enumerate(table.token_bytes) if b and len(b) > len(text) and b.startswith(text)
+        ]
+    return SPELLING_MORE[key]
+
+
+def space_led_group(member, generator: torch.Generator, sharpness: float, skip_text: bytes) -> PartialGroup:
+    """Every token of the member that spells `skip_text` and more: the group after committed
+    `skip_text` (after a space: tens of thousands), with random probabilities summing to 0.6."""
+    ids = spelling_more(member.vocab.table, skip_text)
+    probs = torch.softmax(torch.randn(len(ids), generator=generator) * sharpness, -1) * 0.6
+    return PartialGroup(len(skip_text), torch.tensor(ids), probs, route=3)
+
+
+def test_a_large_partial_group_crosses_as_its_most_likely_candidates(members) -> None:
+    qwen = members[0]
+    generator = torch.Generator().manual_seed(1)
+    group = space_led_group(qwen, generator, 6.0, b" ")
+    assert len(group.token_ids) > 10 * PARTIAL_SENT  # every space-led token
+    dense = torch.softmax(torch.randn(qwen.logits_width, generator=generator), -1) * 0.4
+    found = Continuations(dense, (group, PartialGroup(1, group.token_ids[:5], group.probs[:5] * 0)))
+    asked: Counter = Counter()
+    wired = over_the_wire(qwen.vocab, found, asked)
+    big, small = wired.partial
+    assert isinstance(big, SummarizedPartialGroup) and not big.complete
+    assert type(small) is PartialGroup and torch.equal(small.token_ids, group.token_ids[:5])  # small: whole
+    summary = summarize(found, 1, SUMMARY_TOP_KS, None).partial[0]
+    assert isinstance(summary, PartialSummary) and len(summary.token_ids) == PARTIAL_SENT
+    # what is sent is the most likely candidates, and the bound holds every other one
+    ids, probs = big.known()
+    assert torch.equal(probs, torch.sort(group.probs, descending=True).values[:PARTIAL_SENT])
+    outside = torch.ones(len(group.probs), dtype=torch.bool)
+    outside[torch.isin(group.token_ids, ids)] = False
+    assert float(group.probs[outside].max()) <= big.unknown_bound
+    assert big.unknown_mass == pytest.approx(float(group.probs[outside].double().sum()), rel=1e-9)
+    # picks name the same candidates, answered from the summary where it can
+    for index in (int(torch.argmax(group.probs)), int(torch.argmin(group.probs))):
+        pick = Pick(0, index)
+        assert pick_text(qwen.vocab, wired, pick) == pick_text(qwen.vocab, found, pick)
+        assert pick_prob(wired, pick) == pick_prob(found, pick)
+    assert asked == {"group": 1}  # the least likely candidate is not sent: the group came whole
+    assert big.complete and torch.equal(big.probs, group.probs) and torch.equal(big.token_ids, group.token_ids)
+
+
+def test_methods_read_the_same_numbers_from_the_summary_and_move_whole_groups_only_for_the_full_union(
+    members, union
+) -> None:
+    """GaC's exact shortcut, the masses of any entry, UniTE's candidates and the full union, with
+    Qwen and Gemma after a committed space (every space-led token re-covers it) and their groups
+    crossing in part: equal to the numbers of the whole distributions; a whole group crosses only
+    where the full union is read (sampling, the shortcut's rare fallback)."""
+    generator = torch.Generator().manual_seed(0)
+    vocabs = [m.vocab for m in members]
+    decided = 0
+    for trial in range(8):
+        sharpness = 0.0 if trial % 4 == 0 else 8.0  # uniform: thousands of exact ties
+        local = {}
+        for i, member in enumerate(members):
+            dense = torch.softmax(torch.randn(member.logits_width, generator=generator) * sharpness, -1)
+            groups = ()
+            if i != 1:  # Qwen and Gemma: a large group, and a small one (after "  ", two spaces)
+                large = space_led_group(member, generator, sharpness, b" ")
+                small = space_led_group(member, generator, sharpness, b"  ")
+                groups = (large, PartialGroup(2, small.token_ids, small.probs / 6))
+                dense = dense * 0.3
+            local[i] = Continuations(dense, groups)
+        asked: Counter = Counter()
+        wired = {i: over_the_wire(vocabs[i], d, asked) if d.partial else d for i, d in local.items()}
+        combiner = Combiner(union, vocabs, [0.5, 0.3, 0.2], torch.device("cpu"))
+        here, there = combiner.step(local), combiner.step(wired)
+        for i in local:
+            yours, mine = there.own(i), here.own(i)
+            assert (yours.pick, there.text(yours.entry), yours.mass) == (mine.pick, here.text(mine.entry), mine.mass)
+        entry, by_shortcut = there.greedy()
+        assert there.text(entry) == here.text(here.greedy()[0]) and by_shortcut == here.greedy()[1]
+        decided += by_shortcut
+        assert asked["group"] == (0 if by_shortcut else 2)
+        for i in local:
+            probe = torch.randint(0, union.size, (300,), generator=generator)
+            probe = torch.unique(torch.cat([probe, here.partial[i][0][:100].clamp(max=union.size - 1)]))
+            assert torch.equal(there.mass(i, probe), here.mass(i, probe))
+        for yours, mine in (
+            (there.unite(10, no_stand_in), here.unite(10, no_stand_in)),
+            (there.full_scored(), here.full_scored()),
+        ):
+            # this step's own entries are numbered as texts turn up: texts and order must agree
+            assert texts(there, yours.entries) == texts(here, mine.entries)
+            assert torch.equal(yours.probs, mine.probs)
+        assert there.text(there.pick(there.full_scored())) == here.text(here.pick(here.full_scored()))
+        assert there.text(entry) == there.text(there.pick(there.full_scored()))  # the bound held
+        assert asked["group"] == 2  # the full union needs every candidate (once)
+    assert decided == 8  # the shortcut decided every step without a whole group, even the uniform ones
