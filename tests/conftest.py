@@ -177,14 +177,28 @@ def tiny_member(load_tokenizer: Callable[[str], object]) -> Callable[[str], HFMe
     return make
 
 
+PACKAGED_NAMES = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def packaged_members() -> list[HFMember]:
+    """The three packaged members (bf16): three tokenizer families."""
+    return [packaged_member(n) for n in PACKAGED_NAMES]
+
+
+@pytest.fixture(scope="session")
+def packaged_union(packaged_members: list[HFMember]) -> object:
+    """Their union vocabulary."""
+    from ensemble_core.methods.token import union_for
+
+    return union_for([m.vocab for m in packaged_members])
+
+
 @pytest.fixture(scope="session")
 def float32_members() -> list[HFMember]:
     """float32 copies of Qwen, SmolLM2 and Gemma, so an uncached reference forward agrees with
     the cached one to ~1e-5 (bf16 results depend on the shape of the forward)."""
-    return [
-        HFMember.from_pretrained(n, dtype="float32", device="cpu")
-        for n in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
-    ]
+    return [HFMember.from_pretrained(n, dtype="float32", device="cpu") for n in PACKAGED_NAMES]
 
 
 # ---------------------------------------------------------------------- toy tokenizers

@@ -8,7 +8,6 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import packaged_member
 
 from ensemble_core.members.contract import Continuations, PartialGroup, Pick
 from ensemble_core.members.ray_member import MemberHost
@@ -22,19 +21,6 @@ from ensemble_core.members.wire import (
 )
 from ensemble_core.methods.choice import greedy_choice, pick_prob, pick_text
 from ensemble_core.methods.combine import Combiner
-from ensemble_core.methods.token import union_for
-
-NAMES = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
-
-
-@pytest.fixture(scope="module")
-def members():
-    return [packaged_member(n) for n in NAMES]
-
-
-@pytest.fixture(scope="module")
-def union(members):
-    return union_for([m.vocab for m in members])
 
 
 def over_the_wire(vocab, found: Continuations, asked: Counter) -> SummarizedContinuations:
@@ -77,8 +63,8 @@ def space_led_group(member, generator: torch.Generator, sharpness: float, skip_t
     return PartialGroup(len(skip_text), torch.tensor(ids), probs, route=3)
 
 
-def test_a_large_partial_group_crosses_as_its_most_likely_candidates(members) -> None:
-    qwen = members[0]
+def test_a_large_partial_group_crosses_as_its_most_likely_candidates(packaged_members) -> None:
+    qwen = packaged_members[0]
     generator = torch.Generator().manual_seed(1)
     group = space_led_group(qwen, generator, 6.0, b" ")
     assert len(group.token_ids) > 10 * PARTIAL_SENT  # every space-led token
@@ -108,19 +94,19 @@ def test_a_large_partial_group_crosses_as_its_most_likely_candidates(members) ->
 
 
 def test_methods_read_the_same_numbers_from_the_summary_and_move_whole_groups_only_for_the_full_union(
-    members, union
+    packaged_members, packaged_union
 ) -> None:
     """GaC's exact shortcut, the masses of any entry, UniTE's candidates and the full union, with
     Qwen and Gemma after a committed space (every space-led token re-covers it) and their groups
     crossing in part: equal to the numbers of the whole distributions; a whole group crosses only
     where the full union is read (sampling, the shortcut's rare fallback)."""
     generator = torch.Generator().manual_seed(0)
-    vocabs = [m.vocab for m in members]
+    vocabs = [m.vocab for m in packaged_members]
     decided = 0
     for trial in range(8):
         sharpness = 0.0 if trial % 4 == 0 else 8.0  # uniform: thousands of exact ties
         local = {}
-        for i, member in enumerate(members):
+        for i, member in enumerate(packaged_members):
             dense = torch.softmax(torch.randn(member.logits_width, generator=generator) * sharpness, -1)
             groups = ()
             if i != 1:  # Qwen and Gemma: a large group, and a small one (after "  ", two spaces)
@@ -131,7 +117,7 @@ def test_methods_read_the_same_numbers_from_the_summary_and_move_whole_groups_on
             local[i] = Continuations(dense, groups)
         asked: Counter = Counter()
         wired = {i: over_the_wire(vocabs[i], d, asked) if d.partial else d for i, d in local.items()}
-        combiner = Combiner(union, vocabs, [0.5, 0.3, 0.2], torch.device("cpu"))
+        combiner = Combiner(packaged_union, vocabs, [0.5, 0.3, 0.2], torch.device("cpu"))
         here, there = combiner.step(local), combiner.step(wired)
         for i in local:
             yours, mine = there.own(i), here.own(i)
@@ -141,8 +127,8 @@ def test_methods_read_the_same_numbers_from_the_summary_and_move_whole_groups_on
         decided += by_shortcut
         assert asked["group"] == (0 if by_shortcut else 2)
         for i in local:
-            probe = torch.randint(0, union.size, (300,), generator=generator)
-            probe = torch.unique(torch.cat([probe, here.partial[i][0][:100].clamp(max=union.size - 1)]))
+            probe = torch.randint(0, packaged_union.size, (300,), generator=generator)
+            probe = torch.unique(torch.cat([probe, here.partial[i][0][:100].clamp(max=packaged_union.size - 1)]))
             assert torch.equal(there.mass(i, probe), here.mass(i, probe))
         for yours, mine in (
             (there.unite(10, no_stand_in), here.unite(10, no_stand_in)),

@@ -6,24 +6,21 @@ import random
 
 import pytest
 import torch
-from conftest import packaged_member
 
 from ensemble_core.members.contract import Continuations, PartialGroup
 from ensemble_core.methods.combine import Combiner
 from ensemble_core.methods.token import union_for
 from ensemble_core.vocab.union import EOS_INDEX, build_union
 
-NAMES = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
+
+@pytest.fixture(scope="module")
+def members(packaged_members):
+    return packaged_members
 
 
 @pytest.fixture(scope="module")
-def members():
-    return [packaged_member(n) for n in NAMES]
-
-
-@pytest.fixture(scope="module")
-def union(members):
-    return union_for([m.vocab for m in members])
+def union(packaged_union):
+    return packaged_union
 
 
 def combiner(members, union, weights) -> Combiner:
