@@ -23,6 +23,7 @@ Units and shapes:
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
@@ -178,6 +179,22 @@ class Continuations:
     def total(self) -> float:
         """The probability of all whole tokens together (1 less the partial candidates')."""
         return float(self.dense.sum())
+
+    def mass_extending(self, prefix: bytes, vocab: MemberVocab) -> float:
+        """The probability of every candidate whose text starts with `prefix` (non-empty): whole
+        tokens and partial candidates together (what SAFE's sharpening gives a word it is
+        unsure how to split). Added exactly (`math.fsum`), so the member's host and a driver
+        holding the whole distribution agree to the bit, and only the sum need cross a wire."""
+        table = vocab.table
+        ids = table.ids_starting_with(prefix)
+        ids = ids[(ids < self.width) & ~torch.isin(ids, torch.tensor(sorted(vocab.eos_ids), dtype=torch.long))]
+        values = self.probs_at(ids.to(self.device)).float().tolist()
+        for group in self.partial:
+            known, _ = group.known()
+            if len(known):  # every candidate of a group re-covers the same committed bytes
+                head = (table.token_bytes[int(known[0])] or b"")[: group.skip]
+                values += group.probs_of(table.ids_starting_with(head + prefix).tolist())
+        return math.fsum(values)
 
     def on(self, device: torch.device) -> Continuations:
         """This distribution with its whole-token probabilities on `device` as float32 (moved once;

@@ -48,6 +48,7 @@ from ensemble_core.members.contract import (
     Continuations,
     DraftReading,
     MemberSession,
+    MemberVocab,
     Pick,
     RenderedPrompt,
     RequestId,
@@ -160,7 +161,7 @@ class MemberHost:
             ]
         if name == "about":
             request, key, what, argument = args
-            return self._about(self._issued_to(session, request, key), what, argument)
+            return self._about(self._issued_to(session, request, key), what, argument, self.member.vocab)
         if name == "write":
             request, key, pick = args
             return opened.write(request, self._issued_to(session, request, key), pick)
@@ -193,7 +194,7 @@ class MemberHost:
         return summarize(found, key, top_ks, greedy_choice(self.member.vocab, found))
 
     @staticmethod
-    def _about(found: Continuations, what: str, argument: Any) -> Any:
+    def _about(found: Continuations, what: str, argument: Any, vocab: MemberVocab) -> Any:
         if what == "dense":
             return _on_cpu(found.dense.float())
         if what == "probs_at":
@@ -205,6 +206,8 @@ class MemberHost:
         if what == "group_probs":
             group, token_ids = argument
             return wire_group_probs(found.partial[group], token_ids)
+        if what == "mass_extending":
+            return found.mass_extending(argument, vocab)
         raise GenerationError(f"unknown question about a distribution: {what!r}")
 
     def _issued_to(self, session: int, request: RequestId, key: int) -> Continuations:
@@ -439,8 +442,9 @@ class WireTraffic:
     received: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
     """Calls by kind: "next", "write", ..., and "about:dense" / "about:probs_at" / "about:top" /
-    "about:group" / "about:group_probs" for questions about a distribution's summary (a whole
-    distribution fetched is "about:dense", a whole partial group "about:group")."""
+    "about:group" / "about:group_probs" / "about:mass_extending" for questions about a
+    distribution's summary (a whole distribution fetched is "about:dense", a whole partial group
+    "about:group")."""
     withheld: int = 0
     """Partial candidates that stayed in the actor: in large groups, beyond those sent."""
 

@@ -130,7 +130,8 @@ Fetch = Callable[[str, Any], Any]
 """(what, argument) -> the host's answer about one distribution: ("dense", None) -> float32
 [width]; ("probs_at", ids) -> float32 [n]; ("top", k) -> (probabilities, ids); ("group", g) ->
 partial group g whole as (int32 ids, float32 probabilities); ("group_probs", (g, ids)) -> float32
-[n], each token's probability in group g (0 where it is not a candidate)."""
+[n], each token's probability in group g (0 where it is not a candidate); ("mass_extending",
+prefix) -> float, `Continuations.mass_extending` on the host."""
 
 
 class SummarizedPartialGroup(PartialGroup):
@@ -229,6 +230,7 @@ class SummarizedContinuations(Continuations):
         object.__setattr__(self, "_fetch", fetch)
         object.__setattr__(self, "_learn_top", learn_top)
         object.__setattr__(self, "_whole", None)
+        object.__setattr__(self, "_extending", {})  # prefix -> the host's `mass_extending`
         known = {}
         for values, ids in summary.tops.values():
             known.update(zip(ids.tolist(), values.tolist(), strict=True))
@@ -286,6 +288,13 @@ class SummarizedContinuations(Continuations):
 
     def total(self) -> float:
         return self._summary.total
+
+    def mass_extending(self, prefix: bytes, vocab: Any) -> float:
+        """Asked of the host: one float back, however many candidates extend the prefix."""
+        answers = self._extending
+        if prefix not in answers:
+            answers[prefix] = self._fetch("mass_extending", prefix)
+        return answers[prefix]
 
     def on(self, device: torch.device) -> Continuations:
         return self  # answers stay on the CPU; the combining side moves the few values it reads

@@ -109,6 +109,7 @@ class Step:
         self._in_part = {m for m, d in self.raw.items() if not all(g.complete for g in d.partial)}
         self._partial_sets: dict[int, set[int]] = {}
         self._own: dict[int, OwnChoice] = {}
+        self._shortlisted: tuple[Scored, float] | None = None
 
     # ------------------------------------------------------------------ entries
 
@@ -364,30 +365,47 @@ class Step:
 
     def shortcut(self) -> Scored | None:
         """The candidates whose best is provably the argmax of the full distribution, scored
-        exactly (None when the shortcut cannot tell: then only the full distribution can).
+        exactly (None when the shortcut cannot tell: then only the full distribution can). If
+        the best candidate beats the bound of `_shortlist` it IS the argmax, and every entry
+        tied with it is among the candidates."""
+        shortlist, bound = self._shortlist()
+        return shortlist if float(shortlist.probs.max()) > bound + _BOUND_SLACK else None
+
+    def above(self, threshold: float) -> Scored | None:
+        """Every entry whose probability in the full distribution exceeds `threshold`, scored
+        exactly (None when the shortcut's bound cannot rule out one outside its candidates:
+        then only the full distribution can tell)."""
+        shortlist, bound = self._shortlist()
+        if bound + _BOUND_SLACK >= threshold:
+            return None
+        keep = shortlist.probs > threshold
+        return Scored(shortlist.entries[keep], shortlist.probs[keep])
+
+    def _shortlist(self) -> tuple[Scored, float]:
+        """The shortcut's candidates scored exactly, and the most any other entry can have
+        (computed once per step).
 
         Only each member's top-k whole tokens and its partial texts known here (all of them, but
         for a hosted member's large groups: their most likely candidates) are scored. Any entry
         outside that set gets at most `sum_i w_i * (min(m_i * p_i[k-th], mass of i outside its
         top-k) + sum over i's groups known in part of min(m_i * the group's least sent
-        probability, its mass not sent))` (m_i: the most ids of member i sharing one entry); if
-        the best candidate beats that bound it IS the argmax, and every entry tied with it is
-        among the candidates.
+        probability, its mass not sent))` (m_i: the most ids of member i sharing one entry).
         """
-        bound = 0.0
-        found = []
-        for member, distribution in self.raw.items():
-            values, ids = distribution.top(SHORTCUT_TOP_K)
-            found.append(self.c.maps[member].to_union[ids.to(self.c.device)])
-            if len(self.partial[member][0]):
-                found.append(self.partial[member][0].to(self.c.device))
-            outside = max(0.0, distribution.total() - float(values.sum()))
-            kth = float(values[-1]) * self.c.maps[member].ids_per_entry
-            bound += self.weights[member] * (min(kth, outside) + self._unknown_partial_bound(member))
-        entries = torch.unique(torch.cat(found))
-        entries = entries[entries != self.nowhere]
-        scores = self.score(entries)
-        return Scored(entries, scores) if float(scores.max()) > bound + _BOUND_SLACK else None
+        if self._shortlisted is None:
+            bound = 0.0
+            found = []
+            for member, distribution in self.raw.items():
+                values, ids = distribution.top(SHORTCUT_TOP_K)
+                found.append(self.c.maps[member].to_union[ids.to(self.c.device)])
+                if len(self.partial[member][0]):
+                    found.append(self.partial[member][0].to(self.c.device))
+                outside = max(0.0, distribution.total() - float(values.sum()))
+                kth = float(values[-1]) * self.c.maps[member].ids_per_entry
+                bound += self.weights[member] * (min(kth, outside) + self._unknown_partial_bound(member))
+            entries = torch.unique(torch.cat(found))
+            entries = entries[entries != self.nowhere]
+            self._shortlisted = (Scored(entries, self.score(entries)), bound)
+        return self._shortlisted
 
     def unite(self, top_k: int, first_token: FirstToken) -> Scored:
         """UniTE: each member's distribution restricted to the union of all top-k candidates,
@@ -423,14 +441,18 @@ class Step:
             return bool(self._partial_values(member, torch.tensor([entry]))[0] > 0)
         return entry in self._partial_set(member)
 
-    def sharpen_heuristic(self, scored: Scored, drafter: int, threshold: float) -> Scored:
+    def sharpen_heuristic(self, scored: Scored, drafter: int, threshold: float, over_all: bool) -> Scored | None:
         """SAFE's sharpening: each entry above `threshold` that the drafter has as a candidate
-        gains the mass of every scored entry whose text extends it (they spell the same word);
-        the choice is then among those entries. Unchanged when there are none. Entries that end
-        inside a UTF-8 character do not gain: byte-level vocabularies have a token for every
-        lead byte, which would otherwise collect the mass of all characters it begins (e.g. all
-        of CJK) and commit half a character."""
-        whole = len(scored.entries) == self.size
+        gains the mass of every entry whose text extends it (they spell the same word); the
+        choice is then among those entries (None when there are none: nothing is sharpened).
+
+        `over_all`: `scored` holds (at least) every entry of the full distribution above the
+        threshold, and the mass gained is the full distribution's, which each member adds up
+        over its own candidates (`Continuations.mass_extending`: a hosted member sends one
+        number, not its distribution). Otherwise (UniTE's restricted distribution) it is the
+        mass of the scored entries. Entries that end inside a UTF-8 character do not gain:
+        byte-level vocabularies have a token for every lead byte, which would otherwise collect
+        the mass of all characters it begins (e.g. all of CJK) and commit half a character."""
         boosted: list[tuple[int, torch.Tensor]] = []
         for position in torch.nonzero(scored.probs > threshold).flatten().tolist():
             entry = int(scored.entries[position])
@@ -439,18 +461,19 @@ class Step:
             prefix = self.text(entry)
             if incomplete_utf8_suffix(prefix):
                 continue  # a lone lead byte would collect every character it starts, and split one
-            if whole:  # `full_scored`: the union's extensions are one range, plus this step's own entries
-                lo, hi = self.union.prefix_range(prefix)
-                own = scored.entries[self.nowhere + 1 :].tolist()
-                extra = [self.nowhere + 1 + p for p, e in enumerate(own) if self.text(e).startswith(prefix)]
-                gained = scored.probs[lo:hi].sum() + sum(scored.probs[p] for p in extra)
-                boosted.append((entry, torch.as_tensor(gained)))
+            if over_all:
+                gained = sum(
+                    self.weights[m] * self.raw[m].mass_extending(prefix, self.c.members[m])
+                    for m in self.raw
+                    if self.weights[m]
+                )
+                boosted.append((entry, torch.tensor(gained, dtype=torch.float32)))
                 continue
             extends = [e != self.nowhere and self.text(e).startswith(prefix) for e in scored.entries.tolist()]
             mask = torch.tensor(extends, device=scored.probs.device)
             boosted.append((entry, scored.probs[mask].sum()))
         if not boosted:
-            return scored
+            return None
         return Scored(
             torch.tensor([e for e, _ in boosted], device=self.c.device),
             torch.stack([p.to(self.c.device) for _, p in boosted]),

@@ -329,9 +329,20 @@ class _SafeRun(MethodRun):
         return self.method.sharpen is not None and float(scored.probs.max()) < 0.5
 
     def sharpened(self, step: Step, scored: Scored) -> Scored:
-        if self.method.sharpen == "geometric":
-            return step.sharpen_geometric(self.method.top_k)
-        return step.sharpen_heuristic(scored, self.drafter, self.method.sharpen_lambda)
+        """The sharpened choices. Over GaC's full distribution, the entries above the threshold
+        come from the shortcut's candidates wherever its bound rules out any other, so the full
+        union (a hosted member's whole distribution) is read only where it cannot."""
+        method = self.method
+        if method.sharpen == "geometric":
+            return step.sharpen_geometric(method.top_k)
+        if method.base == "unite":
+            sharpened = step.sharpen_heuristic(scored, self.drafter, method.sharpen_lambda, over_all=False)
+        else:
+            above = step.above(method.sharpen_lambda)
+            if above is None:
+                above = scored if len(scored.entries) == step.size else step.full_scored()
+            sharpened = step.sharpen_heuristic(above, self.drafter, method.sharpen_lambda, over_all=True)
+        return scored if sharpened is None else sharpened
 
 
 class _Walk:
@@ -428,11 +439,9 @@ class _Walk:
         # the exact top-k shortcut where it decides and no sharpening follows (its best is then
         # the full distribution's argmax); the full union otherwise
         scored = step.shortcut() if run.method.base != "unite" else None
-        if scored is None or run.sharpens(scored):
+        if scored is None:
             scored = run.ensemble(step, self.state)
-        chosen = step.pick(scored)
-        if run.sharpens(scored):
-            chosen = step.pick(run.sharpened(step, scored))
+        chosen = step.pick(run.sharpened(step, scored) if run.sharpens(scored) else scored)
         self.stats.ensemble_kept_draft += chosen == draft_entry
         return chosen, "ensembled"
 

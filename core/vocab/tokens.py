@@ -23,6 +23,7 @@ tokenizer with a Unicode normaliser (Qwen's NFC) spells the normalised text.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import re
@@ -50,6 +51,19 @@ class Scheme(enum.Enum):
     BYTE_LEVEL = "byte_level"
     SENTENCEPIECE = "sentencepiece"
     PLAIN = "plain"
+
+
+def prefix_bounds(ordered: list[bytes], prefix: bytes, lo: int = 0) -> tuple[int, int]:
+    """[lo, hi): the items of `ordered` (byte strings in byte order) that start with `prefix`.
+
+    They are contiguous: they end before the smallest byte string that is greater than every
+    extension (the prefix without its trailing 0xff bytes, last byte plus one).
+    """
+    lo = bisect.bisect_left(ordered, prefix, lo=lo)
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return lo, len(ordered)
+    return lo, bisect.bisect_left(ordered, stripped[:-1] + bytes([stripped[-1] + 1]), lo=lo)
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,29 @@ class TokenTable:
         position = {text: k for k, text in enumerate(texts)}
         index = [position[b] if b else -1 for b in self.token_bytes]
         return torch.tensor(index, dtype=torch.long), texts, position
+
+    @cached_property
+    def text_order(self) -> tuple[list[bytes], Any]:
+        """(the distinct texts in byte order; LongTensor [len]: per id, its text's rank among
+        them, -1 for special tokens): a prefix of bytes selects one contiguous run of ranks."""
+        import torch
+
+        index, texts, _ = self.text_index
+        order = sorted(range(len(texts)), key=texts.__getitem__)
+        rank = torch.empty(len(texts), dtype=torch.long)
+        rank[torch.tensor(order, dtype=torch.long)] = torch.arange(len(texts))
+        per_id = torch.where(index >= 0, rank[index.clamp(min=0)], torch.full_like(index, -1))
+        return [texts[k] for k in order], per_id
+
+    def ids_starting_with(self, prefix: bytes) -> Any:
+        """LongTensor: the ids whose bytes start with `prefix`, in id order (special tokens
+        excluded): what a member's candidates spelling `prefix` and more are, found without a
+        pass over the vocabulary in Python."""
+        import torch
+
+        ordered, rank = self.text_order
+        lo, hi = prefix_bounds(ordered, prefix)
+        return torch.nonzero((rank >= lo) & (rank < hi)).flatten()
 
     def suffixes(self, skip: int) -> SuffixTable:
         """Every token's bytes past its first `skip` (a prompt-boundary candidate re-covering

@@ -110,27 +110,6 @@ class UnionVocab:
         found = bisect.bisect_left(self.entries, text, lo=1)
         return found if found < len(self.entries) and self.entries[found] == text else None
 
-    def prefix_range(self, prefix: bytes) -> tuple[int, int]:
-        """[lo, hi): the entries (past end-of-sequence) whose bytes start with `prefix`."""
-        lo = bisect.bisect_left(self.entries, prefix, lo=1)
-        stripped = prefix.rstrip(b"\xff")
-        if not stripped:
-            return lo, len(self.entries)
-        bound = stripped[:-1] + bytes([stripped[-1] + 1])
-        return lo, bisect.bisect_left(self.entries, bound, lo=lo)
-
-    def extension_range(self, entry: int) -> tuple[int, int]:
-        """[entry, hi): the entries whose bytes start with `entry`'s bytes (itself included).
-
-        Entries are sorted, so they are contiguous: they end before the smallest byte string
-        that is greater than every extension.
-        """
-        prefix = self.entries[entry].rstrip(b"\xff")
-        if not prefix:
-            return entry, len(self.entries)
-        bound = prefix[:-1] + bytes([prefix[-1] + 1])
-        return entry, bisect.bisect_left(self.entries, bound, lo=entry)
-
 
 def _member_map(table: TokenTable, eos_ids: frozenset[int], width: int, index: dict[bytes, int]) -> MemberMap:
     nowhere = len(index) + 1

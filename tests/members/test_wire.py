@@ -29,7 +29,7 @@ def over_the_wire(vocab, found: Continuations, asked: Counter) -> SummarizedCont
 
     def fetch(what, argument):
         asked[what] += 1
-        return MemberHost._about(found, what, argument)
+        return MemberHost._about(found, what, argument, vocab)
 
     return SummarizedContinuations(summary, None, fetch, lambda k: None)
 
@@ -141,3 +141,55 @@ def test_methods_read_the_same_numbers_from_the_summary_and_move_whole_groups_on
         assert there.text(entry) == there.text(there.pick(there.full_scored()))  # the bound held
         assert asked["group"] == 2  # the full union needs every candidate (once)
     assert decided == 8  # the shortcut decided every step without a whole group, even the uniform ones
+
+
+def test_sharpening_reads_one_number_per_member_and_word_not_the_full_union(packaged_members, packaged_union) -> None:
+    """SAFE's sharpening over GaC's full distribution: each entry above the threshold gains the
+    mass of every candidate extending its text. Asked of hosted members (Qwen and Gemma after a
+    committed space, their large groups crossing in part) as one sum each, it equals the sum
+    over the full distribution held here, and no whole distribution or group crosses."""
+    generator = torch.Generator().manual_seed(3)
+    vocabs = [m.vocab for m in packaged_members]
+    qwen_table = vocabs[0].table
+    words = [b"Gen", b" the", b"    ", b" "]  # inside a word, a word, a whitespace run, a bare space
+    sharpened_steps = 0
+    for _ in range(6):
+        local = {}
+        for i, member in enumerate(packaged_members):
+            logits = torch.randn(member.logits_width, generator=generator) * 2.0
+            for word in words:  # a few heavy candidates spelling each word and more, as a split word has
+                ids = qwen_table.ids_starting_with(word) if i == 0 else member.vocab.table.ids_starting_with(word)
+                ids = ids[ids < member.logits_width][:40]
+                logits[ids] += 9.0 + torch.rand(len(ids), generator=generator) * 3
+            dense = torch.softmax(logits, -1)
+            groups = ()
+            if i != 1:
+                groups = (space_led_group(member, generator, 8.0, b" "),)
+                dense = dense * 0.4
+            local[i] = Continuations(dense, groups)
+        asked: Counter = Counter()
+        wired = {i: over_the_wire(vocabs[i], d, asked) if d.partial else d for i, d in local.items()}
+        combiner = Combiner(packaged_union, vocabs, [0.5, 0.3, 0.2], torch.device("cpu"))
+        here, there = combiner.step(local), combiner.step(wired)
+        full = here.full_scored()
+        full_texts = texts(here, full.entries)
+        threshold = float(torch.sort(full.probs, descending=True).values[3]) * 0.999  # the top three pass
+        above = there.above(threshold)
+        assert above is not None, "the shortcut's bound should rule out every other entry here"
+        heavy = [t for t, p in zip(full_texts, full.probs, strict=True) if p > threshold]
+        assert sorted(texts(there, above.entries)) == sorted(heavy)
+        drafter = 0
+        sharpened = there.sharpen_heuristic(above, drafter, threshold, over_all=True)
+        local_sharpened = here.sharpen_heuristic(full, drafter, threshold, over_all=True)
+        assert sharpened is not None and local_sharpened is not None
+        sharpened_steps += 1
+        assert texts(there, sharpened.entries) == texts(here, local_sharpened.entries)
+        assert torch.equal(sharpened.probs, local_sharpened.probs)  # the same exact sums, to the bit
+        for entry, gained in zip(sharpened.entries.tolist(), sharpened.probs.tolist(), strict=True):
+            prefix = there.text(entry)
+            extending = [float(p) for t, p in zip(full_texts, full.probs, strict=True) if t and t.startswith(prefix)]
+            brute = sum(extending)
+            assert gained == pytest.approx(brute, abs=1e-5)
+        assert asked["dense"] == 0 and asked["group"] == 0
+        assert asked["mass_extending"] <= 2 * len(sharpened.entries)  # one number per hosted member and word
+    assert sharpened_steps == 6

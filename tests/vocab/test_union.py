@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -73,13 +71,17 @@ def test_duplicate_ids_add_up_and_low_precision_accumulates_in_float32(members, 
     assert float(total.sum()) == pytest.approx(float(bf16.double()[mapped].sum()), abs=1e-5)
 
 
-def test_extension_range_holds_exactly_the_entries_extending_a_text(union) -> None:
-    rng = random.Random(0)
-    for entry in [union.index_of(b" there"), union.index_of(b"a"), *rng.sample(range(1, union.size), 30)]:
-        lo, hi = union.extension_range(entry)
-        prefix = union.entries[entry]
-        assert all(union.entries[i].startswith(prefix) for i in range(lo, hi))
-        assert hi == union.size or not union.entries[hi].startswith(prefix)
+def test_ids_starting_with_are_exactly_the_tokens_spelling_a_prefix_and_more(members) -> None:
+    """Prefixes inside words, whitespace runs, a UTF-8 lead byte, 0xff (no byte after it) and
+    nothing at all, on the three packaged tables (byte-level and SentencePiece)."""
+    prefixes = [b" there", b"a", b"Gen", b"    ", b"\n", "é".encode()[:1], b"\xff", b"\xe4\xb8", b"zzzzqq"]
+    for member in members:
+        table = member.vocab.table
+        for prefix in prefixes:
+            found = table.ids_starting_with(prefix).tolist()
+            assert found == [i for i, b in enumerate(table.token_bytes) if b and b.startswith(prefix)]
+    qwen = members[0].vocab.table
+    assert len(qwen.ids_starting_with(b"")) == sum(bool(b) for b in qwen.token_bytes)
 
 
 def test_greedy_shortcut_equals_the_full_argmax_with_partial_candidates(members, union) -> None:
