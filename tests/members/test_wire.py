@@ -63,6 +63,14 @@ def space_led_group(member, generator: torch.Generator, sharpness: float, skip_t
     return PartialGroup(len(skip_text), torch.tensor(ids), probs, route=3)
 
 
+def steps_here_and_there(vocabs, union, local: dict, asked: Counter):
+    """The same step combined from the whole distributions (here) and from what crosses the wire
+    for members with partial groups (there), weights 0.5 / 0.3 / 0.2."""
+    wired = {i: over_the_wire(vocabs[i], d, asked) if d.partial else d for i, d in local.items()}
+    combiner = Combiner(union, vocabs, [0.5, 0.3, 0.2], torch.device("cpu"))
+    return combiner.step(local), combiner.step(wired)
+
+
 def test_a_large_partial_group_crosses_as_its_most_likely_candidates(packaged_members) -> None:
     qwen = packaged_members[0]
     generator = torch.Generator().manual_seed(1)
@@ -116,9 +124,7 @@ def test_methods_read_the_same_numbers_from_the_summary_and_move_whole_groups_on
                 dense = dense * 0.3
             local[i] = Continuations(dense, groups)
         asked: Counter = Counter()
-        wired = {i: over_the_wire(vocabs[i], d, asked) if d.partial else d for i, d in local.items()}
-        combiner = Combiner(packaged_union, vocabs, [0.5, 0.3, 0.2], torch.device("cpu"))
-        here, there = combiner.step(local), combiner.step(wired)
+        here, there = steps_here_and_there(vocabs, packaged_union, local, asked)
         for i in local:
             yours, mine = there.own(i), here.own(i)
             assert (yours.pick, there.text(yours.entry), yours.mass) == (mine.pick, here.text(mine.entry), mine.mass)
@@ -150,7 +156,6 @@ def test_sharpening_reads_one_number_per_member_and_word_not_the_full_union(pack
     over the full distribution held here, and no whole distribution or group crosses."""
     generator = torch.Generator().manual_seed(3)
     vocabs = [m.vocab for m in packaged_members]
-    qwen_table = vocabs[0].table
     words = [b"Gen", b" the", b"    ", b" "]  # inside a word, a word, a whitespace run, a bare space
     sharpened_steps = 0
     for _ in range(6):
@@ -158,7 +163,7 @@ def test_sharpening_reads_one_number_per_member_and_word_not_the_full_union(pack
         for i, member in enumerate(packaged_members):
             logits = torch.randn(member.logits_width, generator=generator) * 2.0
             for word in words:  # a few heavy candidates spelling each word and more, as a split word has
-                ids = qwen_table.ids_starting_with(word) if i == 0 else member.vocab.table.ids_starting_with(word)
+                ids = member.vocab.table.ids_starting_with(word)
                 ids = ids[ids < member.logits_width][:40]
                 logits[ids] += 9.0 + torch.rand(len(ids), generator=generator) * 3
             dense = torch.softmax(logits, -1)
@@ -168,9 +173,7 @@ def test_sharpening_reads_one_number_per_member_and_word_not_the_full_union(pack
                 dense = dense * 0.4
             local[i] = Continuations(dense, groups)
         asked: Counter = Counter()
-        wired = {i: over_the_wire(vocabs[i], d, asked) if d.partial else d for i, d in local.items()}
-        combiner = Combiner(packaged_union, vocabs, [0.5, 0.3, 0.2], torch.device("cpu"))
-        here, there = combiner.step(local), combiner.step(wired)
+        here, there = steps_here_and_there(vocabs, packaged_union, local, asked)
         full = here.full_scored()
         full_texts = texts(here, full.entries)
         threshold = float(torch.sort(full.probs, descending=True).values[3]) * 0.999  # the top three pass
