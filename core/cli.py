@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(evaluate)
     evaluate.set_defaults(handler=_eval)
     calibrate = commands.add_parser(
-        "calibrate", help="pick weights / gate threshold / SAFE drafter on a held-out slice"
+        "calibrate", help="pick weights / gate threshold / SAFE drafter / SweetSpan self-scores on a held-out slice"
     )
     add_calibrate_arguments(calibrate)
     calibrate.set_defaults(handler=_calibrate)

@@ -1,11 +1,12 @@
-"""`ensemble-llm calibrate`: pick a configuration's weights, gate threshold or SAFE drafter on a
-HELD-OUT slice of a task, and write the choice into a YAML config.
+"""`ensemble-llm calibrate`: pick a configuration's weights, gate threshold, SAFE drafter or
+SweetSpan's self-scores on a HELD-OUT slice of a task, and write the choice into a YAML config.
 
 The visible slices are where results are reported, so they must not choose the settings: the
 calibration slice must not overlap the slice the config evaluates on that task (checked). The
 search is coordinate-wise and small: first the method's role setting (SAFE's drafter, the
-gate's threshold) at the configuration's weights, then the weights (equal, the two rules of
-`methods.weighting`, and each member leading at 0.5 / 0.7 / 0.9) at the best role setting.
+gate's threshold, whether SweetSpan keeps members' scores of their own spans) at the
+configuration's weights, then the weights (equal, the two rules of `methods.weighting` for the
+token-level methods, and each member leading at 0.5 / 0.7 / 0.9) at the best role setting.
 The winner has the highest accuracy on the slice; ties go to the cheaper candidate (ms per
 token), then to the earlier (simpler) one.
 """
@@ -25,10 +26,11 @@ from ensemble_core.eval.tasks.base import select
 GATE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 LEADS = (0.5, 0.7, 0.9)
 TOKEN_METHODS = ("gac", "unite", "safe")
+CALIBRATED_METHODS = (*TOKEN_METHODS, "sweetspan")
 
 
-def _weight_options(members: list[str]) -> list[Any]:
-    options: list[Any] = [None, "prompt", "agreement"]
+def _weight_options(members: list[str], rules: bool) -> list[Any]:
+    options: list[Any] = [None, "prompt", "agreement"] if rules else [None]
     if len(members) < 2:
         return options
     for leader in range(len(members)):
@@ -43,6 +45,8 @@ def _role_options(spec: ConfigurationSpec) -> list[dict[str, Any]]:
         return [{**spec.params, "drafter": member} for member in spec.members]
     if spec.method == "gac" and spec.params.get("threshold") is not None:
         return [{**spec.params, "threshold": t} for t in GATE_THRESHOLDS]
+    if spec.method == "sweetspan":
+        return [{**spec.params, "self_score": keep} for keep in (False, True)]
     return [dict(spec.params)]
 
 
@@ -71,9 +75,9 @@ class Calibration:
             known = ", ".join(repr(spec.label()) for spec in config.expanded())
             raise ConfigError(f"No configuration named {name!r} in the config; its configurations are {known}.")
         self.spec = found[0]
-        if self.spec.method not in TOKEN_METHODS:
+        if self.spec.method not in CALIBRATED_METHODS:
             raise ConfigError(
-                f"Calibration picks weights, thresholds and drafters of {list(TOKEN_METHODS)}; "
+                f"Calibration picks weights, thresholds, drafters and self-scores of {list(CALIBRATED_METHODS)}; "
                 f"{name!r} uses {self.spec.method!r}."
             )
         if _overlaps(config, task):
@@ -108,7 +112,7 @@ class Calibration:
         best_role = roles[_best(role_rows)] if role_rows else roles[0]
         weights = [
             best_role.model_copy(update={"weights": w, "name": f"weights {k}: {w or 'equal'}"})
-            for k, w in enumerate(_weight_options(self.spec.members))
+            for k, w in enumerate(_weight_options(self.spec.members, self.spec.method in TOKEN_METHODS))
         ]
         weight_rows = self._evaluate(weights, "weights")
         chosen = weights[_best(weight_rows)]

@@ -143,13 +143,14 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def calibrate(args: argparse.Namespace) -> int:
     from ensemble_core.eval.calibrate import Calibration, write_calibrated
-    from ensemble_core.eval.config import TaskSpec, load_config
+    from ensemble_core.eval.config import TaskSpec, file_safe, load_config
 
     config = load_config(args.config)
     task = TaskSpec(**_task(args.task))
     if task.problems is None:
         raise ConfigError("--task needs its held-out problems after '@', e.g. gsm8k:raw@1000-1039.")
-    calibration = Calibration(config, args.configuration, task, Path(config.output) / "calibration", args.quiet)
+    out = Path(config.output) / "calibration" / file_safe(args.configuration)
+    calibration = Calibration(config, args.configuration, task, out, args.quiet)
     try:
         chosen, rows = calibration.run()
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,6 +149,11 @@ class EvalConfig(BaseModel):
             for alias in spec.members:
                 _check_member(alias, self.model_of(alias), self.members)
             resolve_method(spec.method, spec.method_params())
+
+
+def file_safe(name: str) -> str:
+    """A task or configuration name as a file or folder name (runs of other characters: `_`)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 def _check_member(alias: str, model: str, aliases: dict[str, str]) -> None:

@@ -3,15 +3,15 @@ against cost, so the trade-off reads at a glance. One pair of PNGs per task."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from ensemble_core.eval.config import file_safe
 from ensemble_core.eval.report import Row
 from ensemble_core.extras import require_extra
 
 
 def _file_name(task: str, kind: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", task) + f"-{kind}.png"
+    return file_safe(task) + f"-{kind}.png"
 
 
 def draw(rows_by_task: dict[str, list[Row]], folder: Path) -> dict[str, list[Path]]:

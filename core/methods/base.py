@@ -220,6 +220,18 @@ def check_weights(weights: Sequence[float] | str | None) -> tuple[float, ...] | 
     return values
 
 
+def numeric_weights(weights: Sequence[float] | str | None, method: str, instead: str = "") -> tuple[float, ...] | None:
+    """`check_weights` for a method that takes numbers only: the rules that find weights read
+    token distributions, which span and segment methods do not combine."""
+    checked = check_weights(weights)
+    if isinstance(checked, WeightRule):
+        raise ConfigError(
+            f"`weights={checked.value!r}` is for the token-level methods (GaC, UniTE, SAFE); {method} takes "
+            f"numbers, one per member{instead}."
+        )
+    return checked
+
+
 def normalised_weights(weights: Sequence[float] | WeightRule | None, count: int) -> tuple[float, ...]:
     """Weights for `count` members, summing to 1 (default, and the start of a rule: equal)."""
     if weights is None or isinstance(weights, WeightRule):

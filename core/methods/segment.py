@@ -11,9 +11,8 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.contract import MemberVocab, RequestId, ScoreKind
-from ensemble_core.methods.base import Binding, DecodeState, Method, MethodRun, bind_all, check_weights, register
+from ensemble_core.methods.base import Binding, DecodeState, Method, MethodRun, bind_all, numeric_weights, register
 from ensemble_core.methods.drafting import DraftSpec, SegmentRun, SpanCandidate
-from ensemble_core.methods.weighting import WeightRule
 
 _SCORES = ("logprob", "logit")
 _ANY_NUMBER_OF_WORDS = 1 << 30
@@ -71,12 +70,8 @@ class SpecFuse(Method):
             raise ConfigError(f"`hedge_eta` has to be > 0 (or None for fixed weights), but is {self.hedge_eta!r}.")
         if self.hedge_eta is not None and self.weights is not None:
             raise ConfigError("`hedge_eta` learns the weights; give either `weights` or `hedge_eta`, not both.")
-        object.__setattr__(self, "weights", check_weights(self.weights))
-        if isinstance(self.weights, WeightRule):
-            raise ConfigError(
-                f"`weights={self.weights.value!r}` is for the token-level methods (GaC, UniTE, SAFE); SpecFuse "
-                "takes numbers, or learns its weights online with `hedge_eta` (SpecEM)."
-            )
+        learns = " (or learns them online with `hedge_eta`: SpecEM)"
+        object.__setattr__(self, "weights", numeric_weights(self.weights, "SpecFuse", learns))
         object.__setattr__(self, "exit_tau", float(self.exit_tau))
         object.__setattr__(self, "hedge_eta", None if self.hedge_eta is None else float(self.hedge_eta))
 

@@ -152,6 +152,29 @@ def test_three_scorers_still_drop_self_scores_and_outliers() -> None:
     assert select_span(candidates, scores, self_score=False, outlier_mad=2.0) == 2
 
 
+def test_sweetspan_weights_let_a_strong_member_judge_its_own_span_only_with_self_scores() -> None:
+    """A strong member (0) among two weak ones that each prefer their own span and then each
+    other's: dropping self-scores hands span "a" to the weak members alone, and no weights can
+    bring it back; with self-scores kept and the strong member weighted up, "a" wins."""
+    candidates = [
+        SpanCandidate(b"a", False, {0: 1}),
+        SpanCandidate(b"b", False, {1: 1}),
+        SpanCandidate(b"c", False, {2: 1}),
+    ]
+    scores = {0: [-0.1, -2.0, -1.0], 1: [-1.0, -0.2, -0.5], 2: [-1.0, -0.5, -0.2]}
+    strong = (0.9, 0.05, 0.05)
+    rules = {"self_score": False, "outlier_mad": 100.0}  # no outliers: the ranks alone decide
+    assert select_span(candidates, scores, **rules) == 2
+    assert select_span(candidates, scores, **rules, weights=strong) == 2
+    rules["self_score"] = True
+    assert select_span(candidates, scores, **rules) == 2  # a 1/3, b 1/2, c 2/3
+    assert select_span(candidates, scores, **rules, weights=strong) == 0  # a 0.9, b 0.075, c 0.525
+    kept = filtered_scores(candidates, scores, self_score=True, outlier_mad=100.0)
+    assert rank_combined(kept, 3, strong) == pytest.approx([0.9, 0.075, 0.525])
+    # weights that are all equal give exactly the plain mean (ties stay ties)
+    assert rank_combined(kept, 3, (1 / 3, 1 / 3, 1 / 3)) == rank_combined(kept, 3)
+
+
 @pytest.mark.parametrize("method", [SweetSpan(span_words=2), SpecFuse(segment_tokens=4)], ids=["sweetspan", "specfuse"])
 def test_span_methods_follow_a_member_that_always_wins(load_tokenizer, method) -> None:
     story = {":": {" the": 1.0}, "the": {" cat": 1.0}, "cat": {" sat": 1.0}, "sat": {"<eos>": 1.0}}
