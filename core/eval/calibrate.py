@@ -4,9 +4,10 @@ SweetSpan's self-scores on a HELD-OUT slice of a task, and write the choice into
 The visible slices are where results are reported, so they must not choose the settings: the
 calibration slice must not overlap the slice the config evaluates on that task (checked). The
 search is coordinate-wise and small: first the method's role setting (SAFE's drafter, the
-gate's threshold, whether SweetSpan keeps members' scores of their own spans) at the
-configuration's weights, then the weights (equal, the two rules of `methods.weighting` for the
-token-level methods, and each member leading at 0.5 / 0.7 / 0.9) at the best role setting.
+gate's threshold) at the configuration's weights, then the weights (equal, the two rules of
+`methods.weighting` for the token-level methods, and each member leading at 0.5 / 0.7 / 0.9)
+at the best role setting. SweetSpan's role setting (whether members' scores of their own spans
+count) interacts with its weights, so there every pair of the two is tried.
 The winner has the highest accuracy on the slice; ties go to the cheaper candidate (ms per
 token), then to the earlier (simpler) one.
 """
@@ -27,6 +28,10 @@ GATE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 LEADS = (0.5, 0.7, 0.9)
 TOKEN_METHODS = ("gac", "unite", "safe")
 CALIBRATED_METHODS = (*TOKEN_METHODS, "sweetspan")
+JOINT_METHODS = ("sweetspan",)
+"""Whose role setting is searched together with the weights: SweetSpan's weights cannot lift a
+strong member's own span while self-scores are dropped, so at equal weights keeping them looks
+worse than it can be."""
 
 
 def _weight_options(members: list[str], rules: bool) -> list[Any]:
@@ -108,16 +113,25 @@ class Calibration:
             self.spec.model_copy(update={"params": params, "name": f"role {k}: {_shown(params)}"})
             for k, params in enumerate(_role_options(self.spec))
         ]
-        role_rows = self._evaluate(roles, "roles") if len(roles) > 1 else []
-        best_role = roles[_best(role_rows)] if role_rows else roles[0]
+        role_rows = []
+        if self.spec.method in JOINT_METHODS:  # role and weights interact: every pair is tried
+            kept = roles
+        else:
+            role_rows = self._evaluate(roles, "roles") if len(roles) > 1 else []
+            kept = [roles[_best(role_rows)] if role_rows else roles[0]]
         weights = [
-            best_role.model_copy(update={"weights": w, "name": f"weights {k}: {w or 'equal'}"})
+            role.model_copy(update={"weights": w, "name": f"weights {k}: {w or 'equal'}" + _role_suffix(role, kept)})
+            for role in kept
             for k, w in enumerate(_weight_options(self.spec.members, self.spec.method in TOKEN_METHODS))
         ]
         weight_rows = self._evaluate(weights, "weights")
         chosen = weights[_best(weight_rows)]
         name = f"{self.spec.label()} calibrated"
         return chosen.model_copy(update={"name": name}), role_rows + weight_rows
+
+
+def _role_suffix(role: ConfigurationSpec, kept: list[ConfigurationSpec]) -> str:
+    return f", {_shown(role.params)}" if len(kept) > 1 else ""
 
 
 def _shown(params: dict[str, Any]) -> str:

@@ -129,16 +129,17 @@ def test_calibration_picks_on_a_held_out_slice_and_writes_the_choice_into_the_ya
     assert target.read_text().startswith("# calibrated on arc_challenge:options@10-11")
 
 
-def test_sweetspan_calibrates_its_self_scores_then_numeric_weights(tmp_path: Path) -> None:
-    """SweetSpan's role setting is whether members' scores of their own spans count; its weights
-    are numbers (the rules read token distributions, which it does not combine)."""
+def test_sweetspan_calibrates_its_self_scores_together_with_numeric_weights(tmp_path: Path) -> None:
+    """SweetSpan's role setting (whether members' scores of their own spans count) is tried with
+    every weighting, as the two interact; its weights are numbers (the rules read token
+    distributions, which it does not combine)."""
     data = smoke(tmp_path / "results", tasks=[{"task": "arc_challenge", "style": "options", "problems": "0-2"}])
     data["configurations"] = [{"name": "spans", "members": ["smol", "gemma"], "method": "sweetspan"}]
     config = build_config(data)
     held_out = TaskSpec(task="arc_challenge", style="options", problems="10-11")
     chosen, rows = Calibration(config, "spans", held_out, tmp_path / "calibration", quiet=True).run()
     labels = [row.config for row in rows]
-    assert labels[:2] == ["role 0: self_score=False", "role 1: self_score=True"]
-    assert labels[2] == "weights 0: equal" and len(labels) == 2 + 1 + 2 * 3  # equal, each member leading
+    assert len(labels) == 2 * (1 + 2 * 3)  # both self-score settings x (equal, each member leading)
+    assert labels[0] == "weights 0: equal, self_score=False" and labels[7] == "weights 0: equal, self_score=True"
     assert not any("prompt" in label or "agreement" in label for label in labels)
     assert chosen.method == "sweetspan" and "self_score" in chosen.params
