@@ -36,17 +36,20 @@ class SweetSpan(Method):
         only when every scorer still ranks at least two spans without it: with two members each
         scorer would see one span, and a rank of one span says nothing;
     (b) per span, a score further than `outlier_mad` median absolute deviations from the
-        median of the other kept scores is dropped (with three or more scores);
+        scorers' median is dropped (with three or more scores). Each scorer's scores are first
+        standardised over the spans it kept (its own scale: a confident model is not an
+        outlier for being confident), and the median and deviations are weighted by `weights`
+        (a scorer weighted past one half defines the consensus and is never voted out);
     (c) each scorer ranks the spans it kept (best 1, worst 0); a span's score is the mean of
         its normalised ranks, weighted by the scorers' `weights` (equal by default); ties go to
         the better weighted mean CENTRED score (each scorer's score minus its mean over the
         spans it kept: differences within one model compare, raw log-probabilities of two
         models do not), then member order.
 
-    With a strong member among weak ones, (a) hands the strong member's own span to the weak
-    members' judgement alone, whatever the weights; `self_score=True` with the strong member
-    weighted up lets its judgement count everywhere (`ensemble-llm calibrate` picks both on a
-    held-out slice).
+    With a strong member among weak ones at equal weights the weak members outvote it, and (a)
+    hands its own span to them alone whatever the weights; `self_score=True` with the strong
+    member weighted up lets its judgement count everywhere (`ensemble-llm calibrate` picks both
+    on a held-out slice).
 
     Args:
         span_words: words per span (a word = a whitespace-led run), at least 1.
@@ -88,9 +91,19 @@ class SweetSpan(Method):
 
 
 def filtered_scores(
-    candidates: list[SpanCandidate], scores: dict[int, list[float]], self_score: bool, outlier_mad: float
+    candidates: list[SpanCandidate],
+    scores: dict[int, list[float]],
+    self_score: bool,
+    outlier_mad: float,
+    weights: Sequence[float] | None = None,
 ) -> dict[int, dict[int, float]]:
-    """scorer -> candidate index -> kept score, after the self-preference and outlier filters."""
+    """scorer -> candidate index -> kept score, after the self-preference and outlier filters.
+
+    The outlier test reads each scorer's scores on its own scale (standardised over the spans it
+    kept): raw log-probabilities of two models do not compare, and on the raw scale a confident
+    strong model sits far from weak models' median and lost every score it gave. The consensus
+    is the weighted median, so a scorer that carries most of the weight defines it instead of
+    being voted out by the rest."""
     everything = {scorer: dict(enumerate(values)) for scorer, values in scores.items()}
     without_self = {
         scorer: {c: s for c, s in values.items() if scorer not in candidates[c].proposers}
@@ -99,16 +112,52 @@ def filtered_scores(
     keep_self = self_score or any(len(values) < 2 for values in without_self.values())
     kept = everything if keep_self else without_self
     kept = {scorer: dict(values) for scorer, values in kept.items()}
+    standard = {scorer: _standardised(values) for scorer, values in kept.items()}
     for c in range(len(candidates)):
-        values = [kept[j][c] for j in kept if c in kept[j]]
-        if len(values) < 3:
+        judged = [(scorer, values[c]) for scorer, values in standard.items() if c in values]
+        if len(judged) < 3:
             continue
-        median = statistics.median(values)
-        spread = statistics.median(abs(v - median) for v in values)
-        for scorer in kept:
-            if c in kept[scorer] and spread > 0 and abs(kept[scorer][c] - median) > outlier_mad * spread:
+        pairs = [(_weight(weights, scorer), z) for scorer, z in judged]
+        centre = weighted_median(pairs)
+        spread = weighted_median([(w, abs(z - centre)) for w, z in pairs])
+        for scorer, z in judged:
+            if spread > 0 and abs(z - centre) > outlier_mad * spread:
                 del kept[scorer][c]
     return kept
+
+
+def _standardised(values: dict[int, float]) -> dict[int, float]:
+    """A scorer's finite scores in standard deviations from their mean (all 0 when it scored
+    every span alike: no opinion). An impossible span (-inf) has no place on that scale; it
+    stays out of the outlier test, and the ranks still put it last."""
+    finite = {c: v for c, v in values.items() if math.isfinite(v)}
+    if len(finite) < 2:
+        return {}
+    mean = statistics.fmean(finite.values())
+    deviation = statistics.pstdev(finite.values())
+    return {c: 0.0 if deviation == 0 else (v - mean) / deviation for c, v in finite.items()}
+
+
+def _weight(weights: Sequence[float] | None, scorer: int) -> float:
+    return 1.0 if weights is None else weights[scorer]
+
+
+def weighted_median(pairs: list[tuple[float, float]]) -> float:
+    """The value where half the weight lies on either side; between two values when the half
+    falls exactly on a boundary, so equal weights give `statistics.median`. Weights that are all
+    zero count as equal."""
+    if math.fsum(w for w, _ in pairs) <= 0.0:
+        pairs = [(1.0, x) for _, x in pairs]
+    ordered = sorted(pairs, key=lambda pair: pair[1])
+    half = math.fsum(w for w, _ in ordered) / 2
+    below = 0.0
+    for index, (w, x) in enumerate(ordered):
+        below += w
+        if math.isclose(below, half, rel_tol=1e-12, abs_tol=0.0) and index + 1 < len(ordered):
+            return (x + ordered[index + 1][1]) / 2
+        if below > half:
+            return x
+    return ordered[-1][1]
 
 
 def rank_combined(kept: dict[int, dict[int, float]], count: int, weights: Sequence[float] | None = None) -> list[float]:
@@ -119,7 +168,7 @@ def rank_combined(kept: dict[int, dict[int, float]], count: int, weights: Sequen
         ordered = sorted(values, key=lambda c: -values[c])
         for position, c in enumerate(ordered):
             rank = 1.0 if len(ordered) == 1 else 1.0 - position / (len(ordered) - 1)
-            ranks[c].append((1.0 if weights is None else weights[scorer], rank))
+            ranks[c].append((_weight(weights, scorer), rank))
     return [_weighted_mean(r) if r else -1.0 for r in ranks]
 
 
@@ -132,7 +181,7 @@ def centred_means(kept: dict[int, dict[int, float]], count: int, weights: Sequen
             continue
         mean = statistics.fmean(values.values())
         for c, value in values.items():
-            centred[c].append((1.0 if weights is None else weights[scorer], value - mean))
+            centred[c].append((_weight(weights, scorer), value - mean))
     return [_weighted_mean(v) if v else float("-inf") for v in centred]
 
 
@@ -153,7 +202,7 @@ def select_span(
     weights: Sequence[float] | None = None,
 ) -> int:
     """SweetSpan's winner (see the class docstring)."""
-    kept = filtered_scores(candidates, scores, self_score, outlier_mad)
+    kept = filtered_scores(candidates, scores, self_score, outlier_mad, weights)
     combined = rank_combined(kept, len(candidates), weights)
     centred = centred_means(kept, len(candidates), weights)
     return max(range(len(candidates)), key=lambda c: (combined[c], centred[c], -min(candidates[c].proposers)))

@@ -7,12 +7,14 @@ dummy-prefix space at the start of a reply. Milliseconds each.
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from ensemble_core import Ensemble
 from ensemble_core.methods import SAFE, GaC, Single, SpecFuse, SweetSpan, UniTE
 from ensemble_core.methods.drafting import SpanCandidate
-from ensemble_core.methods.span import filtered_scores, rank_combined, select_span
+from ensemble_core.methods.span import filtered_scores, rank_combined, select_span, weighted_median
 from ensemble_core.testing import FakeMember
 
 SMOL, QWEN = "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"
@@ -173,6 +175,45 @@ def test_sweetspan_weights_let_a_strong_member_judge_its_own_span_only_with_self
     assert rank_combined(kept, 3, strong) == pytest.approx([0.9, 0.075, 0.525])
     # weights that are all equal give exactly the plain mean (ties stay ties)
     assert rank_combined(kept, 3, (1 / 3, 1 / 3, 1 / 3)) == rank_combined(kept, 3)
+
+
+def test_a_confident_strong_scorer_is_not_an_outlier_for_being_confident() -> None:
+    """Scores traced on an arithmetic problem (Qwen + SmolLM2 + Gemma-3): Qwen is sure of its own
+    span, the weak members find all three about equally likely. On the raw scale every score Qwen
+    gave lay far from the weak members' median and was dropped, so even weights (1, 0, 0) wrote
+    the weak members' choice. Standardised per scorer, Qwen's judgement stays; weighted up, it
+    defines the consensus and wins."""
+    candidates = [
+        SpanCandidate(b" = 5. So the", False, {0: 1}),
+        SpanCandidate(b" = 10.", False, {1: 1}),
+        SpanCandidate(b" = 15 -", False, {2: 1}),
+    ]
+    scores = {0: [-0.002, -1.35, -2.05], 1: [-0.45, -0.24, -0.31], 2: [-0.51, -0.27, -0.33]}
+    for weights in ((1.0, 0.0, 0.0), (0.9, 0.05, 0.05)):
+        kept = filtered_scores(candidates, scores, self_score=True, outlier_mad=2.0, weights=weights)
+        assert kept[0] == dict(enumerate(scores[0]))
+        assert select_span(candidates, scores, self_score=True, outlier_mad=2.0, weights=weights) == 0
+    # At equal weights the two weak members, who agree, outvote it: a dissent of one in three.
+    kept = filtered_scores(candidates, scores, self_score=True, outlier_mad=2.0)
+    assert 0 not in kept[0] and select_span(candidates, scores, self_score=True, outlier_mad=2.0) == 1
+
+
+def test_outlier_consensus_is_theweighted_median() -> None:
+    values = [0.3, -1.2, 2.5, 0.0, -0.7, 1.1]
+    for count in range(1, len(values) + 1):
+        pairs = [(0.25, v) for v in values[:count]]  # equal weights: the plain median
+        assert weighted_median(pairs) == pytest.approx(statistics.median(values[:count]))
+        assert weighted_median([(0.0, v) for v in values[:count]]) == pytest.approx(statistics.median(values[:count]))
+    assert weighted_median([(0.6, 2.5), (0.2, -1.0), (0.2, 0.0)]) == 2.5  # past one half: its value
+    assert weighted_median([(0.5, 2.5), (0.25, -1.0), (0.25, 0.0)]) == 1.25  # exactly half: between
+
+
+def test_an_impossible_span_stays_out_of_the_outlier_test_and_ranks_last() -> None:
+    candidates = [SpanCandidate(bytes([97 + c]), False, {c: 1}) for c in range(3)]
+    scores = {0: [-0.5, float("-inf"), -1.0], 1: [-0.4, float("-inf"), -0.9], 2: [-0.6, -0.2, -1.1]}
+    kept = filtered_scores(candidates, scores, self_score=True, outlier_mad=2.0)
+    assert kept[0][1] == float("-inf") and kept[1][1] == float("-inf")
+    assert select_span(candidates, scores, self_score=True, outlier_mad=2.0) == 0
 
 
 @pytest.mark.parametrize("method", [SweetSpan(span_words=2), SpecFuse(segment_tokens=4)], ids=["sweetspan", "specfuse"])
