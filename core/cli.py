@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from ensemble_core.eval.command import run
 
-    return run(args)
+    return run(args, args.argv)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # what the eval report says to run
     try:
         return args.handler(args)
     except EnsembleError as error:

@@ -28,3 +28,22 @@ def test_run_streams_a_generation(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     assert captured.out.strip()
     assert "[length; 8 tokens" in captured.err
+
+
+def test_a_report_written_from_records_tells_how_to_reproduce_the_records(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--report-only` and `--quiet` change how this call ran, not what it measured: a reader
+    pasting the report's command must run the evaluation."""
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        f"output: {tmp_path / 'out'}\n"
+        "tasks: [{task: arithmetic, seed: 0, problems: 2}]\n"
+        "configurations: [{members: [smol], method: single}]\n"
+    )
+    assert main(["eval", "--config", str(config), "--report-only"]) == 2
+    assert "there are no records in" in capsys.readouterr().err  # a clear error, before any model loads
+    assert main(["eval", "--config", str(config), "--quiet"]) == 0
+    assert main(["eval", "--config", str(config), "--report-only", "--quiet", "--no-plots"]) == 0
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"Reproduce with: `ensemble-llm eval --config {config} --no-plots`" in report

@@ -107,6 +107,15 @@ def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
     return found
 
 
+_NOT_REPRODUCED = ("--report-only", "--quiet")
+
+
+def reproduce_command(argv: Sequence[str]) -> str:
+    """The command a reader runs to get the same records: without the flags that only change
+    how this call ran (a report written from existing records, no progress bars)."""
+    return "ensemble-llm " + " ".join(shlex.quote(a) for a in argv if a not in _NOT_REPRODUCED)
+
+
 def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from ensemble_core.eval.output import write_report
     from ensemble_core.eval.runner import Evaluation
@@ -114,7 +123,12 @@ def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     config = config_from(args)
     evaluation = Evaluation(config, quiet=args.quiet)
     evaluation.cells()  # fingerprints checked before anything loads
-    command = "ensemble-llm " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = reproduce_command(argv if argv is not None else sys.argv[1:])
+    if args.report_only and not evaluation.records.records:
+        raise ConfigError(
+            f"--report-only: there are no records in {evaluation.path} yet; run the same command "
+            "without --report-only to measure them."
+        )
     if not args.report_only:
         try:
             evaluation.run()
