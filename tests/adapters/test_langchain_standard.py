@@ -67,15 +67,6 @@ class TestChatEnsembleIntegration(ChatModelIntegrationTests):
         return True
 
     @pytest.mark.xfail(
-        reason="with tool_choice left to the model, Qwen2.5-Coder 0.5B + SmolLM2 135M answer 'What is the weather "
-        "in San Francisco, CA?' in prose instead of calling get_weather (forced calls work: test_tool_calling)",
-        strict=False,
-    )
-    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
-    def test_agent_loop(self, model: BaseChatModel) -> None:
-        super().test_agent_loop(model)
-
-    @pytest.mark.xfail(
         reason="json_mode gives no schema; greedy Qwen2.5-Coder 0.5B + SmolLM2 135M loop on 'A cat is a cat, ...' "
         "inside the setup and run out of tokens before the punchline (json_schema works: test_structured_output)",
         strict=False,
