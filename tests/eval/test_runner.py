@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,12 @@ def test_an_evaluation_writes_one_record_per_configuration_task_and_problem(tmp_
     assert (tmp_path / "plots" / "arithmetic_raw_seed0_max12-accuracy.png").stat().st_size > 1000
     assert "](plots/arithmetic_raw_seed0_max12-cost.png)" in report
 
+    # A narrower slice over the same folder reports on its own problems, not on all on file.
+    narrower = build_config(smoke(tmp_path, tasks=[{"task": "arithmetic", "problems": 2, "max_new_tokens": 12}]))
+    report = write_report(narrower, records, "ensemble-llm eval", plots=False).read_text()
+    totals = re.findall(r"\| \d+/(\d+) = ", report)
+    assert totals == ["2"] * 3 and "arc_challenge" not in report
+
 
 def test_an_interrupted_evaluation_resumes_where_it_stopped(tmp_path: Path) -> None:
     config = build_config(smoke(tmp_path, configurations=[{"members": ["smol"], "method": "single"}]))
@@ -127,6 +134,11 @@ def test_calibration_picks_on_a_held_out_slice_and_writes_the_choice_into_the_ya
     assert [c.label() for c in written.configurations] == ["pair", "pair calibrated"]
     assert written.configurations[1].weights == chosen.weights
     assert target.read_text().startswith("# calibrated on arc_challenge:options@10-11")
+
+    # Calibrating again on another slice of the task, into the same folder, counts that slice only.
+    other = TaskSpec(task="arc_challenge", style="options", problems="12-14")
+    _, again = Calibration(config, "pair", other, tmp_path / "calibration", quiet=True, loader=CountingLoader()).run()
+    assert [row.total for row in again] == [3] * 9
 
 
 def test_sweetspan_calibrates_its_self_scores_together_with_numeric_weights(tmp_path: Path) -> None:

@@ -23,7 +23,10 @@ def test_a_program_that_loops_is_killed_at_the_timeout() -> None:
 
 
 def test_a_program_that_allocates_without_bound_fails_instead_of_exhausting_memory() -> None:
-    result = run_isolated("hoard = []\nwhile True:\n    hoard.append(bytearray(50 * 2**20))\n", QUICK)
+    # The memory limit must stop it, not the clock: on a loaded machine, zero-filling 512 MB has
+    # taken longer than QUICK's 3 s, so this test gives time and a smaller limit.
+    limits = Limits(timeout=60.0, memory_mb=256)
+    result = run_isolated("hoard = []\nwhile True:\n    hoard.append(bytearray(50 * 2**20))\n", limits)
     assert result.status == "failed" and "MemoryError" in result.detail
 
 
