@@ -101,8 +101,8 @@ class Calibration:
         )
         config = build_config(data, where="the calibration")
         records = Evaluation(config, quiet=self.quiet, loader=self.loader).run()
-        labels = {c.label() for c in candidates}
-        rows = summarise((r for r in records if r.config in labels), {c.label(): tuple(c.members) for c in candidates})
+        wanted = config.record_keys()  # the folder may hold this configuration's other slices
+        rows = summarise((r for r in records if r.key in wanted), {c.label(): tuple(c.members) for c in candidates})
         [found] = rows.values()
         order = {c.label(): i for i, c in enumerate(candidates)}
         return sorted(found, key=lambda row: order[row.config])

@@ -123,6 +123,17 @@ class EvalConfig(BaseModel):
                 found.setdefault(piece.label(), piece)
         return list(found.values())
 
+    def record_keys(self) -> set[tuple[str, str, str]]:
+        """The (configuration, task, problem) keys this evaluation asks for. A record file can
+        hold more (an earlier, wider slice; a calibration of the same configuration on another
+        task or slice); a summary must count only these, or it mixes problems it was not given."""
+        problems = [
+            (task.key, item.id)
+            for task, spec in ((s.build(), s) for s in self.tasks)
+            for item in select(task.items(), spec.problems)
+        ]
+        return {(config.label(), task, item) for config in self.expanded() for task, item in problems}
+
     def model_of(self, alias: str) -> str:
         """The model (packaged name, hub id or folder) a member alias stands for."""
         return self.members.get(alias, alias)

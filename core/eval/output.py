@@ -17,10 +17,9 @@ def write_report(config: EvalConfig, records: RecordFile, command: str, plots: b
     specs = config.expanded()
     members_of = {spec.label(): tuple(spec.members) for spec in specs}
     tasks = [spec.build() for spec in config.tasks]
-    wanted_configs = set(members_of)
-    wanted_tasks = {task.key for task in tasks}
     boundary_of = {spec.label(): spec.boundary for spec in specs}
-    chosen = (r for r in records if r.config in wanted_configs and r.task in wanted_tasks)
+    wanted = config.record_keys()
+    chosen = (r for r in records if r.key in wanted)
     rows = summarise(chosen, members_of, boundary_of)
     order = {label: index for index, label in enumerate(members_of)}
     ordered = {
