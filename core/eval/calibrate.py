@@ -22,7 +22,6 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.eval.config import ConfigurationSpec, EvalConfig, TaskSpec, build_config
 from ensemble_core.eval.report import Row, summarise
 from ensemble_core.eval.runner import Evaluation
-from ensemble_core.eval.tasks.base import select
 
 GATE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 LEADS = (0.5, 0.7, 0.9)
@@ -58,9 +57,9 @@ def _role_options(spec: ConfigurationSpec) -> list[dict[str, Any]]:
 def _overlaps(config: EvalConfig, task: TaskSpec) -> bool:
     """Whether the calibration slice shares problems with an evaluated slice (in any style: the
     problems are the same)."""
-    held_out = {item.id for item in select(task.build().items(), task.problems)}
+    held_out = {item.id for item in task.selection()[1]}
     evaluated = (spec for spec in config.tasks if spec.task == task.task)
-    return any(held_out & {item.id for item in select(spec.build().items(), spec.problems)} for spec in evaluated)
+    return any(held_out & {item.id for item in spec.selection()[1]} for spec in evaluated)
 
 
 class Calibration:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ensemble_core.errors import ConfigError, UnknownNameError
-from ensemble_core.eval.tasks import Task, make_task
+from ensemble_core.eval.tasks import Item, Task, make_task
 from ensemble_core.eval.tasks.base import select
 from ensemble_core.methods.base import resolve_method
 
@@ -52,6 +52,11 @@ class TaskSpec(BaseModel):
 
     def build(self) -> Task:
         return make_task(self.task, self.style, self.seed, self.max_new_tokens)
+
+    def selection(self) -> tuple[Task, list[Item]]:
+        """The built task and the problems this spec's slice picks from it (a bad slice raises)."""
+        task = self.build()
+        return task, select(task.items(), self.problems)
 
 
 class ConfigurationSpec(BaseModel):
@@ -127,12 +132,13 @@ class EvalConfig(BaseModel):
         """The (configuration, task, problem) keys this evaluation asks for. A record file can
         hold more (an earlier, wider slice; a calibration of the same configuration on another
         task or slice); a summary must count only these, or it mixes problems it was not given."""
-        problems = [
-            (task.key, item.id)
-            for task, spec in ((s.build(), s) for s in self.tasks)
-            for item in select(task.items(), spec.problems)
-        ]
-        return {(config.label(), task, item) for config in self.expanded() for task, item in problems}
+        selections = [spec.selection() for spec in self.tasks]
+        return {
+            (config.label(), task.key, item.id)
+            for config in self.expanded()
+            for task, items in selections
+            for item in items
+        }
 
     def model_of(self, alias: str) -> str:
         """The model (packaged name, hub id or folder) a member alias stands for."""
@@ -154,8 +160,7 @@ class EvalConfig(BaseModel):
     def check(self) -> None:
         """Everything that can be checked without loading a model (raises `ConfigError`)."""
         for spec in self.tasks:
-            task = spec.build()
-            select(task.items(), spec.problems)
+            spec.selection()
         for spec in self.expanded():
             for alias in spec.members:
                 _check_member(alias, self.model_of(alias), self.members)

@@ -19,7 +19,7 @@ from typing import Any
 from ensemble_core.eval.config import ConfigurationSpec, EvalConfig
 from ensemble_core.eval.records import Record, RecordFile
 from ensemble_core.eval.tasks import OPTIONS_STYLE, Item, Task
-from ensemble_core.eval.tasks.base import Outcome, select
+from ensemble_core.eval.tasks.base import Outcome
 
 RECORDS_FILE = "records.jsonl"
 
@@ -64,13 +64,13 @@ class Evaluation:
 
     def cells(self) -> list[Cell]:
         """Every configuration x task, in config order (checks fingerprints against the file)."""
-        tasks = [(spec.build(), spec.problems) for spec in self.config.tasks]
+        selections = [spec.selection() for spec in self.config.tasks]
         found = []
         for spec in self.config.expanded():
             name, fingerprint = spec.label(), self.config.fingerprint(spec)
             self.records.check_fingerprint(name, fingerprint)
-            for task, problems in tasks:
-                found.append(Cell(spec, name, fingerprint, task, select(task.items(), problems)))
+            for task, items in selections:
+                found.append(Cell(spec, name, fingerprint, task, items))
         return found
 
     def run(self) -> RecordFile:
