@@ -152,6 +152,12 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--write", type=Path, default=None, help="the YAML to write (default: <config>.calibrated.yaml)"
     )
+    parser.add_argument(
+        "--weights",
+        default=None,
+        help="try only these weightings (comma list of equal, prompt, agreement and MEMBER:LEAD with LEAD "
+        "0.5, 0.7 or 0.9, e.g. equal,agreement,qwen:0.9); default: all of them",
+    )
     parser.add_argument("--quiet", action="store_true")
 
 
@@ -164,7 +170,8 @@ def calibrate(args: argparse.Namespace) -> int:
     if task.problems is None:
         raise ConfigError("--task needs its held-out problems after '@', e.g. gsm8k:raw@1000-1039.")
     out = Path(config.output) / "calibration" / file_safe(args.configuration)
-    calibration = Calibration(config, args.configuration, task, out, args.quiet)
+    weights = _split(args.weights) if args.weights is not None else None
+    calibration = Calibration(config, args.configuration, task, out, args.quiet, weights=weights)
     try:
         chosen, rows = calibration.run()
     except KeyboardInterrupt:

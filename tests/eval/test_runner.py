@@ -141,6 +141,23 @@ def test_calibration_picks_on_a_held_out_slice_and_writes_the_choice_into_the_ya
     assert [row.total for row in again] == [3] * 9
 
 
+def test_calibration_can_try_a_subset_of_the_weightings_under_their_full_search_names(tmp_path: Path) -> None:
+    """`--weights` trims the search to fit the time; each candidate keeps the name (and so the
+    records) it has in the full search."""
+    data = smoke(tmp_path / "results", tasks=[{"task": "arc_challenge", "style": "options", "problems": "0-2"}])
+    data["configurations"] = [{"name": "pair", "members": ["smol", "gemma"], "method": "gac"}]
+    config = build_config(data)
+    held_out = TaskSpec(task="arc_challenge", style="options", problems="10-11")
+    with pytest.raises(ConfigError, match=r"does not have: \['smol:0.8'\]; pick from \['equal', 'prompt'"):
+        Calibration(config, "pair", held_out, tmp_path / "calibration", weights=["equal", "smol:0.8"])
+    subset = ["equal", "smol:0.9"]
+    chosen, rows = Calibration(
+        config, "pair", held_out, tmp_path / "calibration", quiet=True, loader=CountingLoader(), weights=subset
+    ).run()
+    assert [row.config for row in rows] == ["weights 0: equal", "weights 5: [0.9, 0.1]"]
+    assert chosen.weights in (None, [0.9, 0.1])
+
+
 def test_sweetspan_calibrates_its_self_scores_together_with_numeric_weights(tmp_path: Path) -> None:
     """SweetSpan's role setting (whether members' scores of their own spans count) is tried with
     every weighting, as the two interact; its weights are numbers (the rules read token
