@@ -97,15 +97,17 @@ class Calibration:
                 f"The calibration slice of {task.task!r} overlaps the slice the config evaluates; pick problems "
                 "outside it (e.g. --task gsm8k:raw@1000-1039), so reported results are not tuned on."
             )
-        known = weight_options(self.spec.members, self.spec.method in TOKEN_METHODS)
-        unknown = [name for name in weights or () if name not in known]
+        self.options = weight_options(self.spec.members, self.spec.method in TOKEN_METHODS)
+        if weights is not None and not weights:
+            raise ConfigError(f"--weights names no weighting; pick from {list(self.options)} or leave it out.")
+        unknown = [option for option in weights or () if option not in self.options]
         if unknown:
             raise ConfigError(
-                f"--weights names weightings the search does not have: {unknown}; pick from {list(known)}."
+                f"--weights names weightings the search does not have: {unknown}; pick from {list(self.options)}."
             )
         # A subset keeps each candidate's name (and so its records) as in the full search, so a
         # later full calibration into the same folder reuses them.
-        self.tried = set(weights or known)
+        self.tried = set(weights or self.options)
         self.config, self.task, self.out, self.quiet, self.loader = config, task, out, quiet, loader
 
     def _evaluate(self, candidates: list[ConfigurationSpec], stage: str) -> list[Row]:
@@ -135,11 +137,10 @@ class Calibration:
         else:
             role_rows = self._evaluate(roles, "roles") if len(roles) > 1 else []
             kept = [roles[_best(role_rows)] if role_rows else roles[0]]
-        options = weight_options(self.spec.members, self.spec.method in TOKEN_METHODS)
         weights = [
             role.model_copy(update={"weights": w, "name": f"weights {k}: {w or 'equal'}" + _role_suffix(role, kept)})
             for role in kept
-            for k, (option, w) in enumerate(options.items())
+            for k, (option, w) in enumerate(self.options.items())
             if option in self.tried
         ]
         weight_rows = self._evaluate(weights, "weights")

@@ -150,6 +150,8 @@ def test_calibration_can_try_a_subset_of_the_weightings_under_their_full_search_
     held_out = TaskSpec(task="arc_challenge", style="options", problems="10-11")
     with pytest.raises(ConfigError, match=r"does not have: \['smol:0.8'\]; pick from \['equal', 'prompt'"):
         Calibration(config, "pair", held_out, tmp_path / "calibration", weights=["equal", "smol:0.8"])
+    with pytest.raises(ConfigError, match="names no weighting"):
+        Calibration(config, "pair", held_out, tmp_path / "calibration", weights=[])
     subset = ["equal", "smol:0.9"]
     chosen, rows = Calibration(
         config, "pair", held_out, tmp_path / "calibration", quiet=True, loader=CountingLoader(), weights=subset
