@@ -128,16 +128,21 @@ class EvalConfig(BaseModel):
                 found.setdefault(piece.label(), piece)
         return list(found.values())
 
-    def record_keys(self) -> set[tuple[str, str, str]]:
+    def selections(self) -> list[tuple[Task, list[Item]]]:
+        """Each task spec's built task and selected problems, in config order (a bad slice raises)."""
+        return [spec.selection() for spec in self.tasks]
+
+    def record_keys(self, selections: list[tuple[Task, list[Item]]] | None = None) -> set[tuple[str, str, str]]:
         """The (configuration, task, problem) keys this evaluation asks for. A record file can
         hold more (an earlier, wider slice; a calibration of the same configuration on another
-        task or slice); a summary must count only these, or it mixes problems it was not given."""
-        selections = [spec.selection() for spec in self.tasks]
+        task or slice); a summary must count only these, or it mixes problems it was not given.
+        Pass `selections` where the caller has built them already: building a task reads its data."""
+        labels = [config.label() for config in self.expanded()]
         return {
-            (config.label(), task.key, item.id)
-            for config in self.expanded()
-            for task, items in selections
+            (label, task.key, item.id)
+            for task, items in (self.selections() if selections is None else selections)
             for item in items
+            for label in labels
         }
 
     def model_of(self, alias: str) -> str:
@@ -159,8 +164,7 @@ class EvalConfig(BaseModel):
 
     def check(self) -> None:
         """Everything that can be checked without loading a model (raises `ConfigError`)."""
-        for spec in self.tasks:
-            spec.selection()
+        self.selections()
         for spec in self.expanded():
             for alias in spec.members:
                 _check_member(alias, self.model_of(alias), self.members)
