@@ -330,8 +330,8 @@ class Step:
         entries, masses = self.partial[member]
         if member in self._in_part:
             exact = self._partial_values(member, entries)
-            known_kth = float(torch.topk(exact, top_k).values[-1]) if len(exact) >= top_k else None
-            if known_kth is not None and known_kth > self._unknown_partial_bound(member) + _BOUND_SLACK:
+            bound = self._unknown_partial_bound(member) + _BOUND_SLACK
+            if len(exact) >= top_k and float(torch.topk(exact, top_k).values[-1]) > bound:
                 return self._heaviest(entries, exact, top_k)
             self._complete(member)
             entries, masses = self.partial[member]
