@@ -330,8 +330,10 @@ class Step:
         entries, masses = self.partial[member]
         if member in self._in_part:
             exact = self._partial_values(member, entries)
-            bound = self._unknown_partial_bound(member) + _BOUND_SLACK
-            if len(exact) >= top_k and float(torch.topk(exact, top_k).values[-1]) > bound:
+            if (
+                len(exact) >= top_k
+                and float(torch.topk(exact, top_k).values[-1]) > self._unknown_partial_bound(member) + _BOUND_SLACK
+            ):
                 return self._heaviest(entries, exact, top_k)
             self._complete(member)
             entries, masses = self.partial[member]
