@@ -65,8 +65,10 @@ def _overlaps(config: EvalConfig, task: TaskSpec) -> bool:
     """Whether the calibration slice shares problems with an evaluated slice (in any style: the
     problems are the same)."""
     held_out = {item.id for item in task.selection()[1]}
-    evaluated = (spec for spec in config.tasks if spec.task == task.task)
-    return any(held_out & {item.id for item in spec.selection()[1]} for spec in evaluated)
+    evaluated = (
+        items for spec, (_, items) in zip(config.tasks, config.selections, strict=True) if spec.task == task.task
+    )
+    return any(held_out & {item.id for item in items} for items in evaluated)
 
 
 class Calibration:

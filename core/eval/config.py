@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -128,22 +129,19 @@ class EvalConfig(BaseModel):
                 found.setdefault(piece.label(), piece)
         return list(found.values())
 
+    @cached_property
     def selections(self) -> list[tuple[Task, list[Item]]]:
-        """Each task spec's built task and selected problems, in config order (a bad slice raises)."""
+        """Each task spec's built task and selected problems, in config order (a bad slice raises).
+        Built once per config: building a task reads its data, and the check, the runner's cells
+        and the report all need them; the config is frozen, so they cannot go stale."""
         return [spec.selection() for spec in self.tasks]
 
-    def record_keys(self, selections: list[tuple[Task, list[Item]]] | None = None) -> set[tuple[str, str, str]]:
+    def record_keys(self) -> set[tuple[str, str, str]]:
         """The (configuration, task, problem) keys this evaluation asks for. A record file can
         hold more (an earlier, wider slice; a calibration of the same configuration on another
-        task or slice); a summary must count only these, or it mixes problems it was not given.
-        Pass `selections` where the caller has built them already: building a task reads its data."""
+        task or slice); a summary must count only these, or it mixes problems it was not given."""
         labels = [config.label() for config in self.expanded()]
-        return {
-            (label, task.key, item.id)
-            for task, items in (self.selections() if selections is None else selections)
-            for item in items
-            for label in labels
-        }
+        return {(label, task.key, item.id) for task, items in self.selections for item in items for label in labels}
 
     def model_of(self, alias: str) -> str:
         """The model (packaged name, hub id or folder) a member alias stands for."""
@@ -164,7 +162,7 @@ class EvalConfig(BaseModel):
 
     def check(self) -> None:
         """Everything that can be checked without loading a model (raises `ConfigError`)."""
-        self.selections()
+        self.selections  # noqa: B018 - built here, so a bad slice raises before any model loads
         for spec in self.expanded():
             for alias in spec.members:
                 _check_member(alias, self.model_of(alias), self.members)

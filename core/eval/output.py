@@ -16,10 +16,9 @@ def write_report(config: EvalConfig, records: RecordFile, command: str, plots: b
     out = Path(config.output)
     specs = config.expanded()
     members_of = {spec.label(): tuple(spec.members) for spec in specs}
-    selections = config.selections()
-    tasks = [task for task, _ in selections]
+    tasks = [task for task, _ in config.selections]
     boundary_of = {spec.label(): spec.boundary for spec in specs}
-    wanted = config.record_keys(selections)
+    wanted = config.record_keys()
     chosen = (r for r in records if r.key in wanted)
     rows = summarise(chosen, members_of, boundary_of)
     order = {label: index for index, label in enumerate(members_of)}

@@ -64,7 +64,7 @@ class Evaluation:
 
     def cells(self) -> list[Cell]:
         """Every configuration x task, in config order (checks fingerprints against the file)."""
-        selections = self.config.selections()
+        selections = self.config.selections
         found = []
         for spec in self.config.expanded():
             name, fingerprint = spec.label(), self.config.fingerprint(spec)
