@@ -60,7 +60,8 @@ class EnsembleSpec:
             raise ConfigError(f"`models` lists a model twice ({list(models)}); list each model once.")
         if not isinstance(method, str):
             raise ConfigError(f"`method` must be a method name such as 'gac', but is {type(method).__name__}.")
-        resolve_method(method, method_params)  # unknown method / bad parameters fail now, not at first use
+        # an unknown method, bad parameters or a member count it cannot take fail now, not at first use
+        resolve_method(method, method_params).check_member_count(len(models))
         try:
             params_json = json.dumps(dict(method_params or {}), sort_keys=True)
         except TypeError as error:

@@ -68,7 +68,7 @@ class ChatEnsemble(BaseChatModel):
     models: list[str] | None = None
     """Model names: packaged names (`ensemble-llm models list`), Hub ids or local folders."""
     method: str = "gac"
-    """The ensemble method: "gac", "unite", "safe", "sweetspan", "specfuse" or "single"."""
+    """The ensemble method: "gac", "unite", "safe", "contrastive", "sweetspan", "specfuse" or "single"."""
     method_params: dict[str, Any] = Field(default_factory=dict)
     """Parameters of the method, e.g. `{"drafter": "qwen"}` for SAFE."""
     ensemble: Ensemble | None = Field(default=None, exclude=True)

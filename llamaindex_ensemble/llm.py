@@ -84,7 +84,8 @@ class EnsembleLLM(FunctionCallingLLM):
         default=None, description="Model names: packaged names (`ensemble-llm models list`), Hub ids or local folders."
     )
     method: str = Field(
-        default="gac", description='The ensemble method: "gac", "unite", "safe", "sweetspan", "specfuse" or "single".'
+        default="gac",
+        description='The ensemble method: "gac", "unite", "safe", "contrastive", "sweetspan", "specfuse" or "single".',
     )
     method_params: dict[str, Any] = Field(
         default_factory=dict, description='Parameters of the method, e.g. {"drafter": "qwen"} for SAFE.'

@@ -10,6 +10,7 @@ from ensemble_core.methods.base import (
     register,
     resolve_method,
 )
+from ensemble_core.methods.contrast import Contrastive
 from ensemble_core.methods.safe import SAFE
 from ensemble_core.methods.segment import SpecFuse
 from ensemble_core.methods.single import Single
@@ -21,6 +22,7 @@ __all__ = [
     "SAFE",
     "Binding",
     "Commit",
+    "Contrastive",
     "DecodeState",
     "GaC",
     "Method",

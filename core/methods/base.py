@@ -195,6 +195,10 @@ class Method(ABC):
     def start(self, binding: Binding, settings: GenerationSettings, device: torch.device) -> MethodRun:
         """A fresh run for one generation."""
 
+    def check_member_count(self, count: int) -> None:  # noqa: B027 - most methods take any number
+        """Raise `ConfigError` when the method cannot run with `count` members: called by `bind`,
+        and by the config checks before any model loads (a YAML row, `ChatEnsemble(models=...)`)."""
+
 
 def check_weights(weights: Sequence[float] | str | None) -> tuple[float, ...] | WeightRule | None:
     """Weights as floats (rejected when negative or all zero; their count is checked at bind),

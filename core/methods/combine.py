@@ -232,7 +232,7 @@ class Step:
         self._in_part.discard(member)
         self._partial_sets.pop(member, None)
 
-    def _in_text_order(self, entries: torch.Tensor) -> torch.Tensor:
+    def in_text_order(self, entries: torch.Tensor) -> torch.Tensor:
         """Sorted entries (union entries are in text order) with this step's own ones merged in by text."""
         if not bool((entries > self.nowhere).any()):
             return entries
@@ -292,14 +292,16 @@ class Step:
 
     # ------------------------------------------------------------------ combinations
 
-    def full(self) -> torch.Tensor:
-        """sum_i w_i p_i over every entry, float32 [size] (ALGORITHMS.md section 1)."""
+    def full(self, weights: Sequence[float] | None = None) -> torch.Tensor:
+        """sum_i w_i p_i over every entry, float32 [size] (ALGORITHMS.md section 1); with
+        one-hot `weights`, one member's whole distribution over the step's entries."""
+        weights = self.weights if weights is None else weights
         for member in self.raw:
-            if self.weights[member]:
+            if weights[member]:
                 self._complete(member)  # (before sizing: their texts may add entries)
         total = torch.zeros(self.size, dtype=torch.float32, device=self.c.device)
         for member, distribution in self.raw.items():
-            weight = self.weights[member]
+            weight = weights[member]
             if not weight:
                 continue
             probs = distribution.dense.to(self.c.device)  # the whole union: the whole distribution
@@ -309,6 +311,13 @@ class Step:
                 total.index_add_(0, entries.to(total.device), (weight * masses).to(torch.float32).to(total.device))
         total[self.nowhere] = 0.0
         return total
+
+    def each_full(self, members: Sequence[int]) -> list[torch.Tensor]:
+        """Each listed member's whole distribution, float32 [size], over one set of entries (every
+        member's partial texts get their entries first, so all vectors have the same size)."""
+        for member in members:
+            self._complete(member)
+        return [self.full([1.0 if i == member else 0.0 for i in range(len(self.weights))]) for member in members]
 
     def candidates(self, top_k: int) -> torch.Tensor:
         """Sorted entries of every member's top-k candidates (whole tokens and partial texts), and
@@ -321,7 +330,7 @@ class Step:
             own = torch.tensor([self.own(member).entry], dtype=torch.long)
             found.append(torch.cat([heaviest, own]).to(self.c.device))
         entries = torch.unique(torch.cat(found))
-        return self._in_text_order(entries[entries != self.nowhere])
+        return self.in_text_order(entries[entries != self.nowhere])
 
     def _heaviest_partial(self, member: int, top_k: int) -> torch.Tensor:
         """The entries of the member's `top_k` heaviest partial texts (the first among equals by

@@ -121,9 +121,12 @@ class SAFE(Method):
             value = check_fraction(self.confident_drafts, "confident_drafts", 0.0, 1.0, low_open=True, high_open=False)
             object.__setattr__(self, "confident_drafts", value)
 
-    def bind(self, members: Sequence[MemberVocab]) -> Binding:
-        if len(members) < 2:
+    def check_member_count(self, count: int) -> None:
+        if count < 2:
             raise ConfigError("SAFE needs at least two members: a drafter and a verifier.")
+
+    def bind(self, members: Sequence[MemberVocab]) -> Binding:
+        self.check_member_count(len(members))
         drafter = role_index(members, self.drafter, "drafter")
         return bind_all(self, members, self.weights, reference=drafter, roles={"drafter": drafter})
 

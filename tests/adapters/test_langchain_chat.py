@@ -51,6 +51,7 @@ def test_construction_is_checked_but_loads_nothing() -> None:
         ({**SAFE, "temperature": -1}, "temperature"),
         ({"models": MODELS, "method": "nope"}, "Unknown method 'nope'"),
         ({"models": MODELS, "method": "safe", "method_params": {"drafter": "qwen", "bogus": 1}}, "bogus"),
+        ({"models": [*MODELS, "gemma-3-270m"], "method": "contrastive"}, "takes two members"),
         ({"models": []}, "non-empty list"),
         ({}, "exactly one of"),
         ({**SAFE, "timeout": 0}, "timeout"),

@@ -53,6 +53,12 @@ def test_a_changed_definition_changes_the_fingerprint() -> None:
             "treshold",
         ),
         ({"configurations": [{"members": ["smol", "smol"], "method": "gac"}]}, ConfigError, "lists a member twice"),
+        (
+            {"configurations": [{"members": ["qwen", "smol", "gemma"], "method": "contrastive"}]},
+            ConfigError,
+            "`contrastive` takes two members, an expert and an amateur, but the ensemble has 3",
+        ),
+        ({"configurations": [{"members": ["qwen"], "method": "safe"}]}, ConfigError, "SAFE needs at least two"),
         ({"batch_size": 0}, ConfigError, "batch_size"),
     ],
 )

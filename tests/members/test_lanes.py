@@ -17,7 +17,7 @@ import torch
 from ensemble_core import Ensemble, HFMember
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.lanes import Lanes, lane_key
-from ensemble_core.methods import SAFE, GaC, SpecFuse, SweetSpan, UniTE
+from ensemble_core.methods import SAFE, Contrastive, GaC, SpecFuse, SweetSpan, UniTE
 
 BARRIER_SECONDS = 30  # generous: a sequential run fails with BrokenBarrierError, a slow one passes
 
@@ -105,6 +105,7 @@ METHODS = {
     "safe": SAFE(),
     "sweetspan": SweetSpan(),
     "specfuse": SpecFuse(segment_tokens=4),
+    "contrastive": Contrastive(),
 }
 TINY = ("tiny-llama", "tiny-qwen2")  # two tokenizer families; Gemma's 262k vocabulary adds time, not cases
 

@@ -6,7 +6,7 @@ import pytest
 
 from ensemble_core import Ensemble
 from ensemble_core.errors import ConfigError, UnknownNameError
-from ensemble_core.methods import SAFE, GaC, SpecFuse, SweetSpan, UniTE
+from ensemble_core.methods import SAFE, Contrastive, GaC, SpecFuse, SweetSpan, UniTE
 
 
 @pytest.fixture
@@ -37,6 +37,8 @@ def pair(tiny_member):
         (lambda: SpecFuse(hedge_eta=-0.5), ConfigError, "`hedge_eta` has to be > 0"),
         (lambda: SpecFuse(exit_warmup=-1), ConfigError, "`exit_warmup` has to be a non-negative integer"),
         (lambda: SpecFuse(hedge_eta=1.0, weights=[1, 1]), ConfigError, "either `weights` or `hedge_eta`"),
+        (lambda: Contrastive(beta=-0.5), ConfigError, r"`beta` has to be in \[0, inf\), but is -0.5"),
+        (lambda: Contrastive(alpha=0), ConfigError, r"`alpha` has to be in \(0, 1\], but is 0"),
     ],
 )
 def test_bad_method_arguments_fail_at_construction(make, error, message) -> None:
@@ -44,7 +46,7 @@ def test_bad_method_arguments_fail_at_construction(make, error, message) -> None
         make()
 
 
-def test_bad_references_to_members_fail_when_bound(pair) -> None:
+def test_bad_references_to_members_fail_when_bound(pair, tiny_member) -> None:
     with pytest.raises(ConfigError, match="`weights` has 3 entries, but the ensemble has 2 members"):
         Ensemble(pair, method=GaC(weights=[1, 1, 1]))
     with pytest.raises(UnknownNameError, match="`primary` is 'gpt'"):
@@ -56,6 +58,10 @@ def test_bad_references_to_members_fail_when_bound(pair) -> None:
     with pytest.raises(ConfigError, match="SAFE needs at least two members"):
         Ensemble(pair[:1], method="safe")
     assert Ensemble(pair, method=SAFE(drafter="tiny-q")).binding.reference == 1  # unique prefix
+    with pytest.raises(UnknownNameError, match="`expert` is 'gpt'"):
+        Ensemble(pair, method=Contrastive(expert="gpt"))
+    with pytest.raises(ConfigError, match=r"`contrastive` takes two members, an expert and an amateur, but .* has 3"):
+        Ensemble([*pair, tiny_member("tiny-gemma3")], method="contrastive")
 
 
 @pytest.mark.parametrize("method", ["gac", "unite", "safe"])

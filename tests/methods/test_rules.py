@@ -12,7 +12,7 @@ import statistics
 import pytest
 
 from ensemble_core import Ensemble
-from ensemble_core.methods import SAFE, GaC, Single, SpecFuse, SweetSpan, UniTE
+from ensemble_core.methods import SAFE, Contrastive, GaC, Single, SpecFuse, SweetSpan, UniTE
 from ensemble_core.methods.drafting import SpanCandidate
 from ensemble_core.methods.span import filtered_scores, rank_combined, select_span, weighted_median
 from ensemble_core.testing import FakeMember
@@ -78,6 +78,37 @@ def test_exact_ties_go_to_the_heaviest_members_choice(load_tokenizer) -> None:
     assert Ensemble([first, second], method=GaC()).generate(PROMPT, max_new_tokens=1).text == own
     other = Ensemble([second], method=Single()).generate(PROMPT, max_new_tokens=1).text
     assert Ensemble([first, second], method=GaC(weights=[1, 2])).generate(PROMPT, max_new_tokens=1).text == other
+
+
+def contrast_pair(load_tokenizer, expert_table, amateur_table) -> list[FakeMember]:
+    """An expert and an amateur of one tokenizer family (contrastive decoding's setting)."""
+    return [
+        scripted(load_tokenizer, QWEN, "expert", lambda t: after(t, {":": expert_table})),
+        scripted(load_tokenizer, QWEN, "amateur", lambda t: after(t, {":": amateur_table})),
+    ]
+
+
+def test_contrastive_prefers_what_the_expert_likes_more_than_the_amateur(load_tokenizer) -> None:
+    members = contrast_pair(
+        load_tokenizer, {" yes": 0.5, " no": 0.45, " maybe": 0.05}, {" yes": 0.9, " no": 0.05, " maybe": 0.05}
+    )
+    # ' yes': log .5 + .5 (log .5 - log .9) = -0.99; ' no': log .45 + .5 (log .45 - log .05) = 0.30;
+    # ' maybe' (exactly at the plausibility cut .1 * .5): log .05 + 0 = -3.0
+    assert Ensemble(members, method=Contrastive()).generate(PROMPT, max_new_tokens=1).text == " no"
+    assert Ensemble(members, method=GaC()).generate(PROMPT, max_new_tokens=1).text == " yes"
+    # beta = 0 is the expert alone; the amateur as expert follows its own choice
+    assert Ensemble(members, method=Contrastive(beta=0)).generate(PROMPT, max_new_tokens=1).text == " yes"
+    assert Ensemble(members, method=Contrastive(expert="amateur")).generate(PROMPT, max_new_tokens=1).text == " yes"
+
+
+def test_contrastive_never_chooses_what_the_expert_finds_implausible(load_tokenizer) -> None:
+    members = contrast_pair(
+        load_tokenizer, {" yes": 0.9, " no": 0.08, " maybe": 0.02}, {" yes": 0.99999, " no": 0.00001}
+    )
+    # ' no' scores log .08 + .5 log(.08 / 1e-5) = 1.97 against ' yes' -0.11, but has only .08 of
+    # the expert's mass, below .1 of its best (.9): out of reach unless alpha is lowered
+    assert Ensemble(members, method=Contrastive()).generate(PROMPT, max_new_tokens=1).text == " yes"
+    assert Ensemble(members, method=Contrastive(alpha=0.05)).generate(PROMPT, max_new_tokens=1).text == " no"
 
 
 def test_unite_scores_a_candidate_a_member_lacks_through_its_first_sub_token(load_tokenizer) -> None:

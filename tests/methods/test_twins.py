@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from ensemble_core import Ensemble, HFMember
-from ensemble_core.methods import SAFE, GaC, Single, SpecFuse, SweetSpan, UniTE
+from ensemble_core.methods import SAFE, Contrastive, GaC, Single, SpecFuse, SweetSpan, UniTE
 
 METHODS = {
     "gac": GaC(),
@@ -31,6 +31,7 @@ METHODS = {
     "safe-all": SAFE(confident_drafts=None),
     "sweetspan": SweetSpan(),
     "specfuse": SpecFuse(segment_tokens=4),
+    "contrastive": Contrastive(),
 }
 PROMPTS = ["def add(a, b):\n    ", "The capital of France is", "你好，世界！\n\n", "Once upon a time,"]
 
