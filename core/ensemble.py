@@ -311,7 +311,8 @@ class Ensemble:
 
         Each participant scores every option as a continuation of the prompt (all prompts and
         options in ONE forward per member); its probabilities are normalised over the prompt's
-        options and averaged with the method's weights. This is how multiple-choice questions are
+        options and combined by the method (`Method.combine_options`: averaged with its weights;
+        contrastive decoding contrasts them). This is how multiple-choice questions are
         answered by probabilities (" A" vs " B" after "Answer:") and how `pick_tool` picks.
         """
         if isinstance(prompts, str) or len(prompts) != len(options):
@@ -322,7 +323,6 @@ class Ensemble:
         rendered = self._render(list(prompts), build_settings(max_new_tokens=1), validate_tools(tools), reply_prefix)
         requests = [RequestId(index) for index in range(len(prompts))]
         candidates = [[Candidate(choice.encode("utf-8")) for choice in choices] for choices in options]
-        shares = [torch.zeros(len(choices)) for choices in options]
         with self._occupied():
             weights = self._prompt_weights(list(prompts)) or [self.binding.weights] * len(prompts)
 
@@ -334,11 +334,14 @@ class Ensemble:
                     session.drop(requests)
 
             found = self._lanes.each(rendered, scores_of)
-            for m, scores in found.items():
-                for index, per_option in enumerate(scores):
-                    totals = torch.tensor([float(score.values.sum()) for score in per_option])
-                    shares[index] += weights[index][m] * torch.softmax(totals, dim=0)
-        return [share.tolist() for share in shares]
+        combined = []
+        for index in range(len(prompts)):
+            shares = {
+                m: torch.softmax(torch.tensor([float(score.values.sum()) for score in scores[index]]), dim=0)
+                for m, scores in found.items()
+            }
+            combined.append(self.binding.method.combine_options(self.binding, shares, weights[index]).tolist())
+        return combined
 
     @property
     def context_window(self) -> int:

@@ -47,3 +47,26 @@ def test_a_report_written_from_records_tells_how_to_reproduce_the_records(
     assert main(["eval", "--config", str(config), "--report-only", "--quiet", "--no-plots"]) == 0
     report = (tmp_path / "out" / "report.md").read_text()
     assert f"Reproduce with: `ensemble-llm eval --config {config} --no-plots`" in report
+
+
+def test_eval_lists_vary_weights_only_for_methods_that_have_them() -> None:
+    import argparse
+
+    from ensemble_core.eval.command import add_arguments, config_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--members",
+            "qwen,smol",
+            "--methods",
+            "single,gac,contrastive",
+            "--weights",
+            "equal,auto",
+            "--tasks",
+            "arithmetic@2",
+        ]
+    )
+    labels = [spec.label() for spec in config_from(args).expanded()]
+    assert labels == ["qwen alone", "smol alone", "gac(qwen+smol)", "gac(qwen+smol) w=auto", "contrastive(qwen+smol)"]

@@ -117,7 +117,9 @@ def test_bad_prompts_and_members_are_rejected_before_any_forward(tiny_member) ->
     finally:
         hook.remove()
     assert calls == []
-    with pytest.raises(UnknownNameError, match="Known methods: gac, safe, single, specfuse, sweetspan, unite"):
+    with pytest.raises(
+        UnknownNameError, match="Known methods: contrastive, gac, safe, single, specfuse, sweetspan, unite"
+    ):
         Ensemble([member], method="majority-vote")
     with pytest.raises(UnknownNameError, match="`member` is 'nope'"):
         Ensemble([member], method=Single(member="nope"))

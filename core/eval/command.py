@@ -5,6 +5,7 @@ other commands stay quick.)"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -99,7 +100,7 @@ def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
     found = []
     for method in _split(args.methods):
         base = {"members": members, "method": method, "params": params.get(method, {}), "boundary": args.boundary}
-        if method == "single":
+        if not _takes_weights(method):  # each member alone (single), or no weights (contrastive)
             found.append(base)
             continue
         for weighting in weightings:
@@ -183,3 +184,12 @@ def calibrate(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{row.config}: {row.correct}/{row.total}\n")
     sys.stdout.write(f"chosen: {chosen.model_dump(exclude_defaults=True)}\nwritten: {target}\n")
     return 0
+
+
+def _takes_weights(method: str) -> bool:
+    """Whether a method (by name) has member weights to vary; an unknown name is left to the
+    config check, which names it."""
+    from ensemble_core.methods import METHODS  # (torch: not for every command line)
+
+    cls = METHODS.get(method.lower())
+    return cls is not None and any(f.name == "weights" for f in dataclasses.fields(cls))

@@ -199,6 +199,16 @@ class Method(ABC):
         """Raise `ConfigError` when the method cannot run with `count` members: called by `bind`,
         and by the config checks before any model loads (a YAML row, `ChatEnsemble(models=...)`)."""
 
+    def combine_options(
+        self, binding: Binding, shares: Mapping[int, torch.Tensor], weights: Sequence[float]
+    ) -> torch.Tensor:
+        """One prompt's probability of each of its options (`Ensemble.option_probabilities`), from
+        each member's own probabilities normalised over the options: their weighted average."""
+        total = torch.zeros_like(next(iter(shares.values())))
+        for member, share in shares.items():
+            total += weights[member] * share
+        return total
+
 
 def check_weights(weights: Sequence[float] | str | None) -> tuple[float, ...] | WeightRule | None:
     """Weights as floats (rejected when negative or all zero; their count is checked at bind),

@@ -47,7 +47,8 @@ FirstToken = Callable[[int, bytes], "int | None"]  # (member, text) -> its first
 
 @dataclass
 class Scored:
-    """Entries with their combined probability (a sub-distribution or the full one)."""
+    """Entries with their combined probability (a sub-distribution or the full one), or with
+    scores to rank them by (contrastive decoding's float64 log-scores)."""
 
     entries: torch.Tensor  # LongTensor [n]
     probs: torch.Tensor  # float32 [n]
@@ -311,13 +312,6 @@ class Step:
                 total.index_add_(0, entries.to(total.device), (weight * masses).to(torch.float32).to(total.device))
         total[self.nowhere] = 0.0
         return total
-
-    def each_full(self, members: Sequence[int]) -> list[torch.Tensor]:
-        """Each listed member's whole distribution, float32 [size], over one set of entries (every
-        member's partial texts get their entries first, so all vectors have the same size)."""
-        for member in members:
-            self._complete(member)
-        return [self.full([1.0 if i == member else 0.0 for i in range(len(self.weights))]) for member in members]
 
     def candidates(self, top_k: int) -> torch.Tensor:
         """Sorted entries of every member's top-k candidates (whole tokens and partial texts), and

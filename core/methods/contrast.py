@@ -12,25 +12,31 @@ expert's plausible candidates (probability at least `alpha` times its best),
     score(c) = log p_e(c) + beta * (log p_e(c) - log p_a(c))
 
 which is O'Brien & Lewis's (1 + beta) log p_e - beta log p_a written so that one model twice
-scores exactly log p_e (the contrast is exactly 0), and beta = 0 is the expert alone. Their
-defaults, beta = 0.5 and alpha = 0.1, are ours: nothing here was tuned on our evaluation.
+scores exactly log p_e (the contrast is exactly 0): greedy, one model twice and beta = 0 are
+the expert alone. Sampling draws from the softmax of the scores over the plausible candidates
+only, so it never equals the expert's own sampling (the cut removes its long tail), and the
+cut is taken on the tempered distributions (a lower temperature leaves fewer candidates).
+Their defaults, beta = 0.5 and alpha = 0.1, are ours: nothing was tuned on our evaluation.
+Options scored by probability (multiple choice, tool picking) follow the same rule over the
+options (`combine_options`).
 
 Candidates are texts, as for every token-level method (boundary-corrected distributions over
 the union vocabulary), so the members need not share a tokenizer; but the rule is meant for
 members of one family, whose probabilities of one text compare. A plausible text the amateur
 cannot write in one step (probability 0: its tokens split it differently) gets no contrast
-term, rather than an unbounded bonus for a vocabulary accident.
+term, rather than an unbounded bonus for a vocabulary accident; a text it has as a rare token
+still gets the large bonus its small probability gives, which across families can be one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ensemble_core.errors import ConfigError
+from ensemble_core.errors import ConfigError, GenerationError
 from ensemble_core.members.contract import MemberVocab, RequestId
 from ensemble_core.methods.base import Binding, DecodeState, bind_all, check_fraction, register, role_index
 from ensemble_core.methods.combine import Scored, Step
@@ -83,23 +89,41 @@ class Contrastive(TokenMethod):
         return bind_all(self, members, weights, reference=expert, roles={"expert": expert, "amateur": 1 - expert})
 
     def decide(self, step: Step, state: DecodeState, request: RequestId, stats: TokenStats) -> int:
-        expert = max(step.raw, key=lambda m: step.weights[m])
-        amateurs = [m for m in step.raw if m != expert]
-        if not amateurs:  # the amateur has no tokens for the committed text: the expert alone
-            scored = step.full_scored()
-            return step.choose(scored, state.settings, state.generators.get(request))
-        scored = self.contrast(step, expert, amateurs[0])
-        if state.settings.greedy or state.generators.get(request) is None:
+        expert = role_index(state.members, self.expert, "expert")
+        if expert not in step.raw:  # every commit is a text the expert finds plausible, so it can write it
+            raise GenerationError(f"The expert {state.members[expert].name!r} cannot continue request {request}.")
+        amateur = 1 - expert
+        scored = self.contrast(step, expert, amateur if amateur in step.raw else None)
+        generator = state.generators.get(request)
+        if state.settings.greedy or generator is None:
             return step.pick(scored)
-        probabilities = Scored(scored.entries, torch.softmax(scored.probs, dim=0))
-        return step.choose(probabilities, state.settings, state.generators.get(request))
+        return step.choose(Scored(scored.entries, torch.softmax(scored.probs, dim=0)), state.settings, generator)
 
-    def contrast(self, step: Step, expert: int, amateur: int) -> Scored:
-        """The expert's plausible entries (in text order) with their contrastive scores."""
-        expert_probs, amateur_probs = step.each_full([expert, amateur])
-        entries = torch.nonzero(expert_probs >= self.alpha * expert_probs.max()).flatten()
-        entries = step.in_text_order(entries)
-        own = expert_probs[entries].double().log()
-        theirs = amateur_probs[entries].double()
+    def contrast(self, step: Step, expert: int, amateur: int | None) -> Scored:
+        """The expert's plausible entries (in text order) with their contrastive scores (float64
+        log-scores, so float32 rounding makes no ties); without the amateur (it has no tokens for
+        the committed text) the contrast is 0. Both members' probabilities of the plausible
+        entries come from one function (`Step.mass`), so one model twice has a contrast of
+        exactly 0; only the cut needs the expert's whole distribution."""
+        whole = step.full([1.0 if m == expert else 0.0 for m in range(len(step.weights))])
+        entries = step.in_text_order(torch.nonzero(whole >= self.alpha * whole.max()).flatten())
+        own = step.mass(expert, entries).double().log()
+        if amateur is None:
+            return Scored(entries, own)
+        theirs = step.mass(amateur, entries).double()
         contrast = torch.where(theirs > 0, own - theirs.clamp(min=1e-300).log(), torch.zeros_like(own))
-        return Scored(entries, own + self.beta * contrast)  # float64: no ties float32 rounding would make
+        return Scored(entries, own + self.beta * contrast)
+
+    def combine_options(
+        self, binding: Binding, shares: Mapping[int, torch.Tensor], weights: Sequence[float]
+    ) -> torch.Tensor:
+        """Options scored as tokens are chosen: the contrastive scores of the expert's plausible
+        options (its probability at least `alpha` times its best option's), softmaxed."""
+        expert, amateur = binding.roles["expert"], binding.roles["amateur"]
+        own = shares[expert].double()
+        scores = own.log()
+        if amateur in shares:
+            theirs = shares[amateur].double()
+            scores = scores + self.beta * torch.where(theirs > 0, scores - theirs.clamp(min=1e-300).log(), 0.0)
+        scores = torch.where(own >= self.alpha * own.max(), scores, -math.inf)
+        return torch.softmax(scores, dim=0).to(torch.float32)

@@ -1,6 +1,7 @@
-"""Token-level ensembles across tokenizers: GaC (with the key-token gate) and UniTE.
+"""Token-level ensembles across tokenizers: GaC (with the key-token gate) and UniTE, and the
+every-step machinery contrastive decoding (`methods.contrast`) shares with them.
 
-Both combine the members' next-step distributions at each step (ALGORITHMS.md sections 1-2) and
+GaC and UniTE combine the members' next-step distributions at each step (ALGORITHMS.md sections 1-2) and
 commit the chosen text; every member then brings itself in step with it. A member whose own
 choice is the chosen text writes it itself (keeps its own tokens), so two copies of one model,
 or weights (1, 0), reproduce that model exactly.
@@ -32,7 +33,7 @@ from ensemble_core.methods.base import (
 )
 from ensemble_core.methods.choice import own_choice
 from ensemble_core.methods.combine import Combiner, Step
-from ensemble_core.methods.weighting import RequestWeights, named_weights
+from ensemble_core.methods.weighting import RequestWeights, WeightRule, named_weights
 from ensemble_core.results import MethodStats
 from ensemble_core.vocab.union import EOS_INDEX, UnionVocab, build_union
 
@@ -51,14 +52,15 @@ def bound_union(binding: Binding) -> UnionVocab:
 
 @dataclass
 class TokenStats(MethodStats):
-    """GaC's and UniTE's figures for one prompt.
+    """GaC's, UniTE's and contrastive decoding's figures for one prompt.
 
     Attributes:
         steps: tokens committed.
         ensembled_steps: steps decided by several members (all of them without the gate).
         shortcut_steps: greedy GaC steps the exact top-k shortcut decided (no full union).
         union_size: entries of the members' union vocabulary.
-        weights: the member weights of the last ensembled step, by member name.
+        weights: the member weights of the last ensembled step, by member name (empty for
+            contrastive decoding, which does not weigh its members).
     """
 
     steps: int = 0
@@ -77,12 +79,7 @@ class TokenStats(MethodStats):
 
 
 class TokenMethod(Method):
-    """Shared machinery of the every-step token methods: weights, gate, union."""
-
-    weights: tuple[float, ...] | None
-
-    def bind(self, members: Sequence[MemberVocab]) -> Binding:
-        return bind_all(self, members, self.weights, reference=self.reference(members))
+    """Shared machinery of the every-step token methods: gate, union, the run."""
 
     def reference(self, members: Sequence[MemberVocab]) -> int:
         return 0
@@ -100,9 +97,18 @@ class TokenMethod(Method):
         return _TokenRun(self, binding, combiner, RequestWeights(binding.weights, binding.rule))
 
 
+class WeightedTokenMethod(TokenMethod):
+    """A token method that averages its members with weights (numbers or a rule that finds them)."""
+
+    weights: tuple[float, ...] | WeightRule | None
+
+    def bind(self, members: Sequence[MemberVocab]) -> Binding:
+        return bind_all(self, members, self.weights, reference=self.reference(members))
+
+
 @register("gac")
 @dataclass(frozen=True)
-class GaC(TokenMethod):
+class GaC(WeightedTokenMethod):
     """Generation as Classification: average the members' distributions at every step and take
     the argmax (or sample from it when temperature > 0).
 
@@ -146,7 +152,7 @@ class GaC(TokenMethod):
 
 @register("unite")
 @dataclass(frozen=True)
-class UniTE(TokenMethod):
+class UniTE(WeightedTokenMethod):
     """UniTE: only the union of each member's top-k candidates is considered; each member's
     distribution is restricted to that set and renormalised (a candidate a member lacks is
     scored through its first sub-token), averaged, argmax or sampled.
@@ -247,7 +253,8 @@ class _TokenRun(MethodRun):
         stats.ensembled_steps += 1
         entry = self.method.decide(step, state, request, stats)
         self.weights.observe(request, step.probabilities_of(entry))
-        stats.weights = named_weights(state.members, step.weights)
+        if isinstance(self.method, WeightedTokenMethod):
+            stats.weights = named_weights(state.members, step.weights)
         if entry == EOS_INDEX:
             return Commit(eos=True)
         for member, distribution in distributions.items():

@@ -42,7 +42,7 @@ _DEFAULTS: dict[str, Any] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file with any of the options below (as keys, with _)")
     parser.add_argument("-m", "--model", action="append", help="packaged name, hub id or folder (repeat)")
-    parser.add_argument("--method", help="single, gac, unite, safe, sweetspan, specfuse (default: single)")
+    parser.add_argument("--method", help="single, gac, unite, safe, contrastive, sweetspan, specfuse (default: single)")
     parser.add_argument("--method-params", help='the method\'s parameters as JSON, e.g. \'{"drafter": "qwen"}\'')
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda:0 when there is one)")
     parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")

@@ -81,10 +81,12 @@ def test_exact_ties_go_to_the_heaviest_members_choice(load_tokenizer) -> None:
 
 
 def contrast_pair(load_tokenizer, expert_table, amateur_table) -> list[FakeMember]:
-    """An expert and an amateur of one tokenizer family (contrastive decoding's setting)."""
+    """An expert and an amateur of one tokenizer family (contrastive decoding's setting); both
+    write the prompt's ':' themselves, so scoring options from inside the prompt's last token
+    (prompt-boundary correction) sees the prompt as likely."""
     return [
-        scripted(load_tokenizer, QWEN, "expert", lambda t: after(t, {":": expert_table})),
-        scripted(load_tokenizer, QWEN, "amateur", lambda t: after(t, {":": amateur_table})),
+        scripted(load_tokenizer, QWEN, "expert", lambda t: after(t, {"me": {":": 1.0}, ":": expert_table})),
+        scripted(load_tokenizer, QWEN, "amateur", lambda t: after(t, {"me": {":": 1.0}, ":": amateur_table})),
     ]
 
 
@@ -109,6 +111,29 @@ def test_contrastive_never_chooses_what_the_expert_finds_implausible(load_tokeni
     # the expert's mass, below .1 of its best (.9): out of reach unless alpha is lowered
     assert Ensemble(members, method=Contrastive()).generate(PROMPT, max_new_tokens=1).text == " yes"
     assert Ensemble(members, method=Contrastive(alpha=0.05)).generate(PROMPT, max_new_tokens=1).text == " no"
+
+
+def test_contrastive_scores_options_by_the_same_rule(load_tokenizer) -> None:
+    members = contrast_pair(load_tokenizer, {" yes": 0.5, " no": 0.45}, {" yes": 0.9, " no": 0.05})
+    [averaged] = Ensemble(members, method=GaC()).option_probabilities([PROMPT], [[" yes", " no"]])
+    [contrasted] = Ensemble(members, method=Contrastive()).option_probabilities([PROMPT], [[" yes", " no"]])
+    assert averaged[0] > averaged[1] and contrasted[1] > contrasted[0]
+    assert sum(contrasted) == pytest.approx(1.0)
+    # an option below the plausibility cut gets nothing, however much the amateur dislikes it
+    members = contrast_pair(load_tokenizer, {" yes": 0.9, " no": 0.05}, {" yes": 0.99999, " no": 0.00001})
+    [cut] = Ensemble(members, method=Contrastive()).option_probabilities([PROMPT], [[" yes", " no"]])
+    assert cut == [1.0, 0.0]
+
+
+def test_contrastive_samples_only_plausible_text_and_repeats_with_a_seed(load_tokenizer) -> None:
+    members = contrast_pair(load_tokenizer, {" yes": 0.9, " no": 0.08, " maybe": 0.02}, {" yes": 0.99, " no": 0.01})
+    strict, loose = Ensemble(members, method=Contrastive()), Ensemble(members, method=Contrastive(alpha=0.01))
+    drawn = {strict.generate(PROMPT, max_new_tokens=1, temperature=1.0, seed=seed).text for seed in range(20)}
+    assert drawn == {" yes"}  # ' no' and ' maybe' are below .1 of the expert's best
+    drawn = [loose.generate(PROMPT, max_new_tokens=1, temperature=1.0, seed=seed).text for seed in range(20)]
+    assert {" no", " maybe"} & set(drawn)  # ' no' scores log .08 + .5 log 8 = -1.49 against ' yes' -0.10
+    again = [loose.generate(PROMPT, max_new_tokens=1, temperature=1.0, seed=seed).text for seed in range(20)]
+    assert again == drawn
 
 
 def test_unite_scores_a_candidate_a_member_lacks_through_its_first_sub_token(load_tokenizer) -> None:
