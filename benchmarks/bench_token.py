@@ -9,6 +9,8 @@ generated token so an early EOS is fair):
 * GaC every token / the sum of each member's own cached greedy decode (goal <= 1.15);
 * SAFE (drafter Qwen) / Qwen alone (goal <= 1.5);
 * GaC with the key-token gate (threshold 0.5, primary Qwen) / Qwen alone (goal <= 1.5);
+* in B, contrastive decoding (expert Qwen) / the sum of both alone (both run every step, as for
+  GaC, but every step scores the whole distributions: there is no top-k shortcut);
 plus the share of tokens ensembled, and the union's build time and size. `--boundary retokenize`
 times the same rows without the prompt-boundary correction, which separates what the member
 contract costs from what the correction costs.
@@ -60,15 +62,18 @@ CHAT = [
 
 
 def measure(members, prompt, tokens: int, rounds: int, boundary: str) -> tuple[dict[str, float], dict[str, object]]:
-    """Median seconds per generated token of each member alone and of GaC, SAFE and the gate."""
+    """Median seconds per generated token of each member alone and of GaC, SAFE and the gate
+    (and contrastive decoding, for two members)."""
     from ensemble_core import Ensemble
-    from ensemble_core.methods import SAFE, GaC, Single
+    from ensemble_core.methods import SAFE, Contrastive, GaC, Single
 
     names = [m.name for m in members]
     setups = {name: Ensemble(members, method=Single(member=name), boundary=boundary) for name in names}
     setups["gac"] = Ensemble(members, method=GaC(), boundary=boundary)
     setups["safe"] = Ensemble(members, method=SAFE(drafter=names[0]), boundary=boundary)
     setups["gate"] = Ensemble(members, method=GaC(threshold=0.5, primary=names[0]), boundary=boundary)
+    if len(members) == 2:
+        setups["contrastive"] = Ensemble(members, method=Contrastive(expert=names[0]), boundary=boundary)
     for ensemble in setups.values():  # warm-up at full length: the union and the tables built
         ensemble.generate(prompt, max_new_tokens=tokens)  # once per process are not timed
     times: dict[str, list[float]] = {k: [] for k in setups}
@@ -93,6 +98,12 @@ def table(title: str, names: list[str], t: dict[str, float], results: dict[str, 
         f"| GaC every token vs sum of members alone | {t['gac'] * 1e3:.0f} | {gac_ratio:.2f} | <= 1.15 | 100% "
         f"| {own_sum * 1e3:.0f} | {gac_ratio:.2f} |"
     )
+    if "contrastive" in t:
+        ratio = t["contrastive"] / own_sum
+        print(
+            f"| contrastive vs sum of members alone | {t['contrastive'] * 1e3:.0f} | {ratio:.2f} | <= 1.15 | 100% "
+            f"| {own_sum * 1e3:.0f} | {ratio:.2f} |"
+        )
     short = names[0].split("-")[0]
     for key, label in (
         ("safe", f"SAFE (drafter {short}) vs {short} alone"),
