@@ -51,7 +51,7 @@ class Scored:
     scores to rank them by (contrastive decoding's float64 log-scores)."""
 
     entries: torch.Tensor  # LongTensor [n]
-    probs: torch.Tensor  # float32 [n]
+    probs: torch.Tensor  # float32 [n] (float64 for scores)
 
 
 @dataclass(frozen=True)

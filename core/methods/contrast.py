@@ -100,30 +100,34 @@ class Contrastive(TokenMethod):
         return step.choose(Scored(scored.entries, torch.softmax(scored.probs, dim=0)), state.settings, generator)
 
     def contrast(self, step: Step, expert: int, amateur: int | None) -> Scored:
-        """The expert's plausible entries (in text order) with their contrastive scores (float64
-        log-scores, so float32 rounding makes no ties); without the amateur (it has no tokens for
-        the committed text) the contrast is 0. Both members' probabilities of the plausible
-        entries come from one function (`Step.mass`), so one model twice has a contrast of
-        exactly 0; only the cut needs the expert's whole distribution."""
+        """The expert's plausible entries (in text order) with their contrastive scores; without
+        the amateur (it has no tokens for the committed text) the contrast is 0. Both members'
+        probabilities of the plausible entries come from one function (`Step.mass`), so one
+        model twice has a contrast of exactly 0; only the cut needs the expert's whole
+        distribution."""
         whole = step.full([1.0 if m == expert else 0.0 for m in range(len(step.weights))])
-        entries = step.in_text_order(torch.nonzero(whole >= self.alpha * whole.max()).flatten())
-        own = step.mass(expert, entries).double().log()
-        if amateur is None:
-            return Scored(entries, own)
-        theirs = step.mass(amateur, entries).double()
-        contrast = torch.where(theirs > 0, own - theirs.clamp(min=1e-300).log(), torch.zeros_like(own))
-        return Scored(entries, own + self.beta * contrast)
+        entries = step.in_text_order(torch.nonzero(self._plausible(whole)).flatten())
+        theirs = None if amateur is None else step.mass(amateur, entries)
+        return Scored(entries, self._scores(step.mass(expert, entries), theirs))
 
     def combine_options(
         self, binding: Binding, shares: Mapping[int, torch.Tensor], weights: Sequence[float]
     ) -> torch.Tensor:
         """Options scored as tokens are chosen: the contrastive scores of the expert's plausible
         options (its probability at least `alpha` times its best option's), softmaxed."""
-        expert, amateur = binding.roles["expert"], binding.roles["amateur"]
-        own = shares[expert].double()
-        scores = own.log()
-        if amateur in shares:
-            theirs = shares[amateur].double()
-            scores = scores + self.beta * torch.where(theirs > 0, scores - theirs.clamp(min=1e-300).log(), 0.0)
-        scores = torch.where(own >= self.alpha * own.max(), scores, -math.inf)
+        own, theirs = shares[binding.roles["expert"]], shares.get(binding.roles["amateur"])
+        scores = torch.where(self._plausible(own), self._scores(own, theirs), -math.inf)
         return torch.softmax(scores, dim=0).to(torch.float32)
+
+    def _plausible(self, probs: torch.Tensor) -> torch.Tensor:
+        """The expert's plausible candidates (a mask): at least `alpha` times its best."""
+        return probs >= self.alpha * probs.max()
+
+    def _scores(self, own: torch.Tensor, theirs: torch.Tensor | None) -> torch.Tensor:
+        """log p_e + beta (log p_e - log p_a), the contrast 0 where the amateur sits out or gives
+        the text no probability; float64, so float32 rounding makes no ties."""
+        scores = own.double().log()
+        if theirs is None:
+            return scores
+        theirs = theirs.double()
+        return scores + self.beta * torch.where(theirs > 0, scores - theirs.clamp(min=1e-300).log(), 0.0)
