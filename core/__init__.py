@@ -8,8 +8,11 @@ Public API::
 
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.errors import (
+    ClosedError,
     ConfigError,
     EnsembleError,
+    EnsembleWarning,
+    GenerationError,
     MissingPackageError,
     ModelLoadError,
     TemplateError,
@@ -21,9 +24,12 @@ from ensemble_core.members.ray_member import RayMember
 from ensemble_core.results import GenerationResult, GenerationStats, MemberStats, MemberUsage, StreamChunk, Usage
 
 __all__ = [
+    "ClosedError",
     "ConfigError",
     "Ensemble",
     "EnsembleError",
+    "EnsembleWarning",
+    "GenerationError",
     "GenerationResult",
     "GenerationStats",
     "HFMember",

@@ -92,6 +92,7 @@ def test_single_picks_the_named_member_and_others_never_run(tiny_member) -> None
         ({"top_p": 0.0}, r"`top_p` has to be in \(0, 1\]"),
         ({"seed": -1}, r"`seed` has to be an integer in \[0, 2\*\*64\) or None"),
         ({"stop": [""]}, "`stop` must hold non-empty strings"),
+        ({"stop": 5}, "`stop` has to be a string or a list of strings"),
         ({"max_tokens": 5}, "`max_tokens` is not a generation setting; known settings: max_new_tokens"),
     ],
 )
@@ -191,3 +192,20 @@ def test_closing_returns_the_models_and_the_union(tiny_member, load_tokenizer) -
     gc.collect()
     assert all(ref() is None for ref in gone)  # nothing holds the weights any more
     assert union() is None  # nor the union (not even the cache of recent unions)
+
+
+def test_every_error_and_warning_the_library_raises_is_public() -> None:
+    """Callers catch what the README documents by importing it from `ensemble_core`."""
+    import inspect
+
+    import ensemble_core
+    from ensemble_core import errors
+
+    raised = {
+        name
+        for name, value in vars(errors).items()
+        if inspect.isclass(value)
+        and issubclass(value, (errors.EnsembleError, Warning))
+        and value.__module__ == errors.__name__
+    }
+    assert raised <= set(ensemble_core.__all__), sorted(raised - set(ensemble_core.__all__))

@@ -12,8 +12,8 @@ Two rules, both per request:
   rate for K experts and rewards in [0, 1]), then normalised.
 
 `"auto"` is the rule the published evaluation kept: on HumanEval 0-39 over the packaged trio,
-the prompt rule gave GaC 67.5% and the agreement rule 52.5%, against 25% with equal weights
-and 62.5% for Qwen alone (docs/results/boundary/report.md).
+the prompt rule gave GaC 62.5% and the agreement rule 52.5%, against 22.5% with equal weights
+and 65% for Qwen alone (docs/results/boundary/report.md).
 """
 
 from __future__ import annotations
