@@ -1,8 +1,8 @@
 """The `ensemble-llm` command.
 
 ensemble-llm models list              packaged models: installed? prepared? where?
-ensemble-llm models prepare [NAME..]  convert packaged models into the cache (all by default)
-ensemble-llm run PROMPT -m NAME ...   generate once with one or more members
+ensemble-llm models prepare [NAME..]  convert packaged models into the cache (the optional ones by name)
+ensemble-llm run PROMPT -m NAME ...   generate once with one or more members (--method, --method-params)
 ensemble-llm eval --config FILE       measure configurations x tasks (see `ensemble_core.eval`)
 ensemble-llm calibrate --config FILE --configuration NAME --task TASK@SLICE
                                       pick its weights / threshold / drafter on a held-out slice
@@ -12,12 +12,14 @@ ensemble-llm serve -m NAME ...        serve the ensemble with OpenAI's API (see 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ensemble_core import packaged
-from ensemble_core.errors import EnsembleError
+from ensemble_core.errors import ConfigError, EnsembleError
 
 
 def _say(line: str, stream=None) -> None:
@@ -55,20 +57,40 @@ def _models_prepare(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ensemble_core import Ensemble, HFMember
+    from ensemble_core import Ensemble
+    from ensemble_core.config import build_settings
+    from ensemble_core.devices import resolve_device, resolve_dtype
+    from ensemble_core.loading import EnsembleSpec
 
-    members = [HFMember.from_pretrained(name, device=args.device, dtype=args.dtype) for name in args.model]
-    ensemble = Ensemble(members, method=args.method)
+    # everything the command line says is checked before the first model loads
+    params = _method_params(args.method_params)
+    spec = EnsembleSpec.build(args.model, args.method, params, args.device, args.dtype)
+    resolve_device(args.device)
+    resolve_dtype(args.dtype)
+    settings = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
+    settings["stop"] = args.stop
+    build_settings(**settings)
+    ensemble = Ensemble(spec.load_members(), method=spec.method, method_params=spec.method_params)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
-    for chunk in ensemble.stream(
-        prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, stop=args.stop
-    ):
+    for chunk in ensemble.stream(prompt, **settings):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         if chunk.result is not None:
             stats = chunk.result.stats
             _say(f"\n[{chunk.finish_reason}; {stats.steps} tokens in {stats.wall_seconds:.2f} s]", sys.stderr)
     return 0
+
+
+def _method_params(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        found = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f'--method-params is not valid JSON ({error}); e.g. \'{{"drafter": "qwen"}}\'.') from None
+    if not isinstance(found, dict):
+        raise ConfigError('--method-params must be a JSON object of parameters, e.g. {"drafter": "qwen"}.')
+    return found
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -106,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("prompt")
     run.add_argument("-m", "--model", action="append", required=True, help="packaged name, hub id or folder")
     run.add_argument("--method", default="single")
+    run.add_argument("--method-params", help='the method\'s parameters as JSON, e.g. \'{"drafter": "qwen"}\'')
     run.add_argument("--raw", action="store_true", help="raw completion: no chat template")
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--temperature", type=float, default=0.0)

@@ -45,7 +45,10 @@ class GenerationSettings(BaseModel):
     def _stop_strings(cls, value: Any) -> tuple[str, ...]:
         if value is None:
             return ()
-        items = [value] if isinstance(value, str) else list(value)
+        try:
+            items = [value] if isinstance(value, str) else list(value)
+        except TypeError:
+            raise ValueError(f"`stop` has to be a string or a list of strings, but is {value!r}") from None
         for item in items:
             if not isinstance(item, str) or not item:
                 raise ValueError(f"`stop` must hold non-empty strings, but holds {item!r}")

@@ -20,7 +20,7 @@ from typing import Any
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.base import Member
-from ensemble_core.members.hf import HFMember, stated_context_window
+from ensemble_core.members.hf import HFMember, checked_member_name, stated_context_window
 from ensemble_core.methods.base import resolve_method
 
 
@@ -60,8 +60,9 @@ class EnsembleSpec:
             raise ConfigError(f"`models` lists a model twice ({list(models)}); list each model once.")
         if not isinstance(method, str):
             raise ConfigError(f"`method` must be a method name such as 'gac', but is {type(method).__name__}.")
-        # an unknown method, bad parameters or a member count it cannot take fail now, not at first use
-        resolve_method(method, method_params).check_member_count(len(models))
+        # an unknown method, bad parameters, a member count it cannot take, a role naming no
+        # member or a weight too many fail now, not after loading
+        resolve_method(method, method_params).check_members([checked_member_name(m, None) for m in models])
         try:
             params_json = json.dumps(dict(method_params or {}), sort_keys=True)
         except TypeError as error:

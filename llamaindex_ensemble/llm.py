@@ -131,6 +131,8 @@ class EnsembleLLM(FunctionCallingLLM):
             raise ValueError(
                 f"`context_window` has to be a positive number of tokens or None, but is {self.context_window}"
             )
+        if self.context_window is not None:  # the members' windows come from their configs, not their weights
+            self._check_window(self.ensemble.context_window if self._spec is None else self._spec.context_window())
         return self
 
     # ------------------------------------------------------------------ identity
@@ -297,9 +299,7 @@ class EnsembleLLM(FunctionCallingLLM):
 
     def _get_ensemble(self) -> Ensemble:
         if self._loaded is None:
-            ensemble = self.ensemble if self._spec is None else shared_ensemble(self._spec)
-            self._check_window(ensemble)
-            self._loaded = ensemble
+            self._loaded = self.ensemble if self._spec is None else shared_ensemble(self._spec)
         return self._loaded
 
     async def _aget_ensemble(self) -> Ensemble:
@@ -308,12 +308,11 @@ class EnsembleLLM(FunctionCallingLLM):
             return self._loaded
         return await asyncio.to_thread(self._get_ensemble)
 
-    def _check_window(self, ensemble: Ensemble) -> None:
-        window = ensemble.context_window
+    def _check_window(self, window: int | None) -> None:
         if self.context_window is not None and window and self.context_window > window:
             raise ConfigError(
                 f"`context_window` is {self.context_window} tokens, but the smallest member window of "
-                f"{ensemble.model_name} is {window}; give at most {window}, or None to use it."
+                f"{self.model_name} is {window}; give at most {window}, or None to use it."
             )
 
     def _window(self) -> int:

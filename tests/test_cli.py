@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ensemble_core.cli import main
+from ensemble_core.errors import ConfigError
 
 
 def test_models_list_shows_every_packaged_model_and_its_state(capsys: pytest.CaptureFixture[str]) -> None:
@@ -28,6 +29,22 @@ def test_run_streams_a_generation(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     assert captured.out.strip()
     assert "[length; 8 tokens" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--method", "gca"), "Unknown method 'gca'"),
+        (("--method", "safe", "--method-params", '{"drafter": "qwne"}'), "`drafter` is 'qwne'"),
+        (("--method-params", "{drafter"), "not valid JSON"),
+        (("--max-new-tokens", "0"), "max_new_tokens"),
+        (("--stop", ""), "non-empty strings"),
+    ],
+)
+def test_run_checks_its_arguments_before_loading_a_model(argv, message, capsys) -> None:
+    """The models named do not exist: had loading come first, the error would be about them."""
+    assert main(["run", "Hi", "-m", "/nowhere/model-a", "-m", "/nowhere/model-b", *argv]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_a_report_written_from_records_tells_how_to_reproduce_the_records(
@@ -70,3 +87,47 @@ def test_eval_lists_vary_weights_only_for_methods_that_have_them() -> None:
     )
     labels = [spec.label() for spec in config_from(args).expanded()]
     assert labels == ["qwen alone", "smol alone", "gac(qwen+smol)", "gac(qwen+smol) w=auto", "contrastive(qwen+smol)"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (  # serve's flat form: it would have been dropped, and SAFE run with its default drafter
+            (
+                "--members",
+                "qwen,smol",
+                "--methods",
+                "safe",
+                "--tasks",
+                "arithmetic@2",
+                "--method-params",
+                '{"drafter": "smol"}',
+            ),
+            "has \\['drafter'\\], which are not among --methods \\['safe'\\]",
+        ),
+        (
+            (
+                "--members",
+                "qwen,smol",
+                "--methods",
+                "gac",
+                "--tasks",
+                "arithmetic@2",
+                "--method-params",
+                '{"safe": {}}',
+            ),
+            "has \\['safe'\\], which are not among --methods",
+        ),
+        (("--config", "examples/eval-smoke.yaml", "--weights", "auto"), "--weights would be ignored"),
+        (("--config", "examples/eval-smoke.yaml", "--boundary", "retokenize"), "--boundary would be ignored"),
+    ],
+)
+def test_eval_flags_that_would_be_ignored_are_errors(argv, message) -> None:
+    import argparse
+
+    from ensemble_core.eval.command import add_arguments, config_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ConfigError, match=message):
+        config_from(parser.parse_args(list(argv)))

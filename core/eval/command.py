@@ -23,12 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="a YAML evaluation config (see examples/eval.yaml)")
     parser.add_argument("--members", help="comma list of member aliases or models, e.g. qwen,smol,gemma")
     parser.add_argument("--methods", help="comma list: single (each member alone), gac, unite, safe, ...")
-    parser.add_argument("--method-params", default="{}", help='JSON: method name -> parameters, e.g. {"gac": {}}')
-    parser.add_argument("--weights", default="equal", help="comma list of 'equal' and/or 'auto' (ensembles only)")
+    parser.add_argument(
+        "--method-params", help='JSON: method name -> its parameters, e.g. {"safe": {"drafter": "qwen"}}'
+    )
+    parser.add_argument("--weights", help="comma list of 'equal' (default) and/or 'auto' (ensembles only)")
     parser.add_argument(
         "--tasks", help="comma list of task[:style][:seedN][@problems], e.g. humaneval:raw@0-39,arithmetic@50"
     )
-    parser.add_argument("--boundary", choices=["correct", "retokenize"], default="correct")
+    parser.add_argument("--boundary", choices=["correct", "retokenize"], help="default: correct")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="output folder (records.jsonl, report.md, plots/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (one line per finished cell)")
@@ -46,8 +48,13 @@ def config_from(args: argparse.Namespace) -> EvalConfig:
     if args.batch_size is not None:
         overrides["batch_size"] = args.batch_size
     if args.config is not None:
-        if args.members or args.methods or args.tasks:
-            raise ConfigError("Give either --config or --members/--methods/--tasks, not both.")
+        given = [flag for flag, value in _MATRIX_FLAGS.items() if getattr(args, value) is not None]
+        if given:
+            raise ConfigError(
+                f"Give either --config or the matrix on the command line, not both: {', '.join(given)} "
+                "would be ignored (the YAML file says members, methods, parameters, weights and boundary "
+                "per configuration)."
+            )
         config = load_config(args.config)
         return (
             build_config({**config.model_dump(mode="json"), **overrides}, where=str(args.config))
@@ -85,21 +92,50 @@ def _task(text: str) -> dict[str, Any]:
     return spec
 
 
-def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
+_MATRIX_FLAGS = {
+    "--members": "members",
+    "--methods": "methods",
+    "--tasks": "tasks",
+    "--method-params": "method_params",
+    "--weights": "weights",
+    "--boundary": "boundary",
+}
+
+
+def _method_params(text: str | None, methods: list[str]) -> dict[str, dict[str, Any]]:
+    """--method-params: each method of --methods to its parameters (a key naming no method of
+    the list would be silently unused, so it is an error; so is the flat form serve takes)."""
+    example = '{"safe": {"drafter": "qwen"}}'
     try:
-        params = json.loads(args.method_params)
+        params = json.loads(text) if text is not None else {}
     except json.JSONDecodeError as error:
         raise ConfigError(f"--method-params is not JSON: {error}") from None
     if not isinstance(params, dict):
-        raise ConfigError('--method-params must be a JSON object: method name -> parameters, e.g. {"gac": {}}.')
+        raise ConfigError(f"--method-params must be a JSON object: method name -> parameters, e.g. {example}.")
+    stray = sorted(set(params) - set(methods))
+    if stray:
+        raise ConfigError(
+            f"--method-params has {stray}, which are not among --methods {methods}; it maps each method "
+            f"to its parameters, e.g. {example}."
+        )
+    for method, values in params.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"--method-params: the parameters of {method!r} must be an object, e.g. {example}.")
+    return params
+
+
+def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
+    methods = _split(args.methods)
+    params = _method_params(args.method_params, methods)
     members = _split(args.members)
-    weightings = _split(args.weights)
+    weightings = _split(args.weights or "equal")
     unknown = set(weightings) - {"equal", "auto"}
     if unknown:
         raise ConfigError(f"--weights takes 'equal' and/or 'auto', not {sorted(unknown)}.")
     found = []
-    for method in _split(args.methods):
-        base = {"members": members, "method": method, "params": params.get(method, {}), "boundary": args.boundary}
+    for method in methods:
+        boundary = args.boundary or "correct"
+        base = {"members": members, "method": method, "params": params.get(method, {}), "boundary": boundary}
         if not _takes_weights(method):  # each member alone (single), or no weights (contrastive)
             found.append(base)
             continue

@@ -166,7 +166,7 @@ class EvalConfig(BaseModel):
         for spec in self.expanded():
             for alias in spec.members:
                 _check_member(alias, self.model_of(alias), self.members)
-            resolve_method(spec.method, spec.method_params()).check_member_count(len(spec.members))
+            resolve_method(spec.method, spec.method_params()).check_members(spec.members)  # named by alias
 
 
 def file_safe(name: str) -> str:

@@ -27,6 +27,7 @@ from ensemble_core.members.contract import Continuations, MemberSession, MemberV
 from ensemble_core.members.lanes import Lanes
 from ensemble_core.methods.weighting import RULE_NAMES, WeightRule, rule_of
 from ensemble_core.results import MethodStats
+from ensemble_core.vocab.tokens import Scheme, TokenTable
 
 T = TypeVar("T")
 
@@ -196,8 +197,16 @@ class Method(ABC):
         """A fresh run for one generation."""
 
     def check_member_count(self, count: int) -> None:  # noqa: B027 - most methods take any number
-        """Raise `ConfigError` when the method cannot run with `count` members: called by `bind`,
-        and by the config checks before any model loads (a YAML row, `ChatEnsemble(models=...)`)."""
+        """Raise `ConfigError` when the method cannot run with `count` members (called by `bind`)."""
+
+    def check_members(self, names: Sequence[str]) -> None:
+        """Raise `ConfigError` when the method cannot bind to members called `names`: their count,
+        the members its roles name (a drafter, a primary, an expert), one weight each. The config
+        checks call it before any model loads (a YAML row, `ChatEnsemble(models=...)`, `serve`,
+        `run`), so a typo in a role fails in a second, not after loading or, in an evaluation,
+        after the cells before it have run. Binding reads nothing but the names, so the check is
+        `bind` itself, on members known by name only."""
+        self.bind([_known_by_name(name) for name in names])
 
     def combine_options(
         self, binding: Binding, shares: Mapping[int, torch.Tensor], weights: Sequence[float]
@@ -260,6 +269,14 @@ def check_positive_int(value: Any, field_name: str) -> int:
     """An integer >= 1, or a `ConfigError` naming the field."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"`{field_name}` has to be a positive integer, but is {value!r}.")
+    return value
+
+
+def check_flag(value: Any, field_name: str) -> bool:
+    """True or False, or a `ConfigError` naming the field (the string "false" is truthy: taken
+    as a flag, a YAML or JSON typo would silently mean the opposite)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"`{field_name}` has to be true or false, but is {value!r}.")
     return value
 
 
@@ -343,6 +360,14 @@ def bind_all(
         roles=dict(roles or {}),
         rule=weights if isinstance(weights, WeightRule) else None,
     )
+
+
+_NO_TOKENS = TokenTable([], [], Scheme.PLAIN, False, [None] * 256)
+
+
+def _known_by_name(name: str) -> MemberVocab:
+    """A member as `Method.check_members` binds it: its name and nothing else."""
+    return MemberVocab(name, _NO_TOKENS, frozenset(), 0, torch.device("cpu"))
 
 
 def role_index(members: Sequence[MemberVocab], name: str | None, role: str) -> int:

@@ -50,6 +50,7 @@ from ensemble_core.methods.base import (
     Method,
     MethodRun,
     bind_all,
+    check_flag,
     check_fraction,
     check_positive_int,
     check_weights,
@@ -116,6 +117,8 @@ class SAFE(Method):
         value = check_fraction(self.sharpen_lambda, "sharpen_lambda", 0.0, 1.0, low_open=True, high_open=True)
         object.__setattr__(self, "sharpen_lambda", value)
         check_positive_int(self.top_k, "top_k")
+        check_flag(self.skip_tests, "skip_tests")
+        check_flag(self.record, "record")
         object.__setattr__(self, "weights", check_weights(self.weights))
         if self.confident_drafts is not None:
             value = check_fraction(self.confident_drafts, "confident_drafts", 0.0, 1.0, low_open=True, high_open=False)

@@ -11,7 +11,16 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.contract import MemberVocab, RequestId, ScoreKind
-from ensemble_core.methods.base import Binding, DecodeState, Method, MethodRun, bind_all, numeric_weights, register
+from ensemble_core.methods.base import (
+    Binding,
+    DecodeState,
+    Method,
+    MethodRun,
+    bind_all,
+    check_flag,
+    numeric_weights,
+    register,
+)
 from ensemble_core.methods.drafting import DraftSpec, SegmentRun, SpanCandidate
 
 _SCORES = ("logprob", "logit")
@@ -61,6 +70,8 @@ class SpecFuse(Method):
         self.spec  # noqa: B018 - checks segment_tokens and unit, naming them
         if self.score not in _SCORES:
             raise ConfigError(f"`score` has to be one of {list(_SCORES)}, but is {self.score!r}.")
+        check_flag(self.exit, "exit")
+        check_flag(self.exit_verify, "exit_verify")
         warmup = self.exit_warmup
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ConfigError(f"`exit_warmup` has to be a non-negative integer, but is {warmup!r}.")

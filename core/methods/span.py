@@ -18,6 +18,7 @@ from ensemble_core.methods.base import (
     Method,
     MethodRun,
     bind_all,
+    check_flag,
     numeric_weights,
     register,
 )
@@ -76,7 +77,7 @@ class SweetSpan(Method):
         if not mad > 0.0:
             raise ConfigError(f"`outlier_mad` has to be > 0, but is {self.outlier_mad!r}.")
         object.__setattr__(self, "outlier_mad", mad)
-        object.__setattr__(self, "self_score", bool(self.self_score))
+        check_flag(self.self_score, "self_score")
         object.__setattr__(self, "weights", numeric_weights(self.weights, "SweetSpan"))
 
     @property

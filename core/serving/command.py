@@ -82,11 +82,21 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"`{name}` must be a positive integer, but is {options[name]!r}.")
     if options["default_tokens"] > options["max_tokens"]:
         raise ConfigError(f"default_tokens={options['default_tokens']} is above max_tokens={options['max_tokens']}.")
+    timeout = options["request_timeout"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(f"`request_timeout` must be a positive number of seconds, but is {timeout!r}.")
+    for name in ("api_key", "model_id", "host"):
+        if options[name] is not None and not isinstance(options[name], str):
+            raise ConfigError(f"`{name}` must be a string, but is {options[name]!r}; quote it in the YAML file.")
+    if isinstance(options["cors_origin"], str):
+        options["cors_origin"] = [options["cors_origin"]]
+    if not all(isinstance(origin, str) for origin in options["cors_origin"]):
+        raise ConfigError(f"`cors_origin` must be a list of origins, but is {options['cors_origin']!r}.")
     return options
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    require_extra("yaml", "eval")
+    require_extra("yaml", "serve")
     import yaml
 
     if not path.is_file():

@@ -52,6 +52,8 @@ def test_construction_is_checked_but_loads_nothing() -> None:
         ({"models": MODELS, "method": "nope"}, "Unknown method 'nope'"),
         ({"models": MODELS, "method": "safe", "method_params": {"drafter": "qwen", "bogus": 1}}, "bogus"),
         ({"models": [*MODELS, "gemma-3-270m"], "method": "contrastive"}, "takes two members"),
+        ({"models": MODELS, "method": "safe", "method_params": {"drafter": "gemma"}}, "`drafter` is 'gemma'"),
+        ({"models": MODELS, "method": "gac", "method_params": {"threshold": 0.5, "primary": "x"}}, "`primary` is 'x'"),
         ({"models": []}, "non-empty list"),
         ({}, "exactly one of"),
         ({**SAFE, "timeout": 0}, "timeout"),

@@ -123,6 +123,7 @@ def test_construction_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"models": PACKAGED, "temperature": -1.0}, "`temperature` has to be"),
         ({"models": PACKAGED, "max_new_tokens": 0}, "`max_new_tokens` has to be a positive integer"),
         ({"models": PACKAGED, "context_window": 0}, "`context_window` has to be a positive number"),
+        ({"models": PACKAGED, "context_window": 10**6}, "smallest member window of"),  # read from configs
         ({"models": PACKAGED, "max_tokens": 10}, "max_tokens"),
     ],
 )
@@ -148,8 +149,8 @@ def test_metadata_reports_the_smallest_member_window(
     assert (metadata.context_window, metadata.num_output) == (300, 20)
     assert metadata.model_name == ensemble.model_name
     assert EnsembleLLM(ensemble=ensemble, context_window=200).metadata.context_window == 200
-    with pytest.raises(ConfigError, match=r"`context_window` is 400 tokens, .* smallest member window .* is 300"):
-        EnsembleLLM(ensemble=ensemble, context_window=400).complete("hi")
+    with pytest.raises(ValidationError, match=r"`context_window` is 400 tokens, .* smallest member window .* is 300"):
+        EnsembleLLM(ensemble=ensemble, context_window=400)  # at construction, not at the first call
 
 
 # ---------------------------------------------------------------------- the prompt the core gets

@@ -59,6 +59,16 @@ def test_a_changed_definition_changes_the_fingerprint() -> None:
             "`contrastive` takes two members, an expert and an amateur, but the ensemble has 3",
         ),
         ({"configurations": [{"members": ["qwen"], "method": "safe"}]}, ConfigError, "SAFE needs at least two"),
+        (  # a role naming no member of its row fails when the file is read, not when its cell starts
+            {"configurations": [{"members": ["qwen", "smol"], "method": "safe", "params": {"drafter": "qwne"}}]},
+            UnknownNameError,
+            "`drafter` is 'qwne', but the ensemble's members are 'qwen', 'smol'",
+        ),
+        (
+            {"configurations": [{"members": ["qwen", "smol"], "method": "gac", "weights": [0.5, 0.3, 0.2]}]},
+            ConfigError,
+            "`weights` has 3 entries, but the ensemble has 2 members",
+        ),
         ({"batch_size": 0}, ConfigError, "batch_size"),
     ],
 )

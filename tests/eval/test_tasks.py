@@ -104,6 +104,8 @@ def test_slices_pick_problems_by_count_range_or_list() -> None:
         select(items, "490-510")
     with pytest.raises(ConfigError, match="ranges like"):
         select(items, "first ten")
+    with pytest.raises(ConfigError, match="asks for 501, but the task has 500"):
+        select(items, 501)  # never silently fewer than asked for
 
 
 def test_unknown_tasks_and_styles_are_named_errors() -> None:

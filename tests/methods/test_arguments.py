@@ -39,6 +39,11 @@ def pair(tiny_member):
         (lambda: SpecFuse(hedge_eta=1.0, weights=[1, 1]), ConfigError, "either `weights` or `hedge_eta`"),
         (lambda: Contrastive(beta=-0.5), ConfigError, r"`beta` has to be in \[0, inf\), but is -0.5"),
         (lambda: Contrastive(alpha=0), ConfigError, r"`alpha` has to be in \(0, 1\], but is 0"),
+        (lambda: SweetSpan(self_score="false"), ConfigError, "`self_score` has to be true or false, but is 'false'"),
+        (lambda: SAFE(skip_tests="no"), ConfigError, "`skip_tests` has to be true or false"),
+        (lambda: SAFE(record=1), ConfigError, "`record` has to be true or false"),
+        (lambda: SpecFuse(exit="false"), ConfigError, "`exit` has to be true or false"),
+        (lambda: SpecFuse(exit_verify=None), ConfigError, "`exit_verify` has to be true or false"),
     ],
 )
 def test_bad_method_arguments_fail_at_construction(make, error, message) -> None:

@@ -28,6 +28,8 @@ def test_the_command_line_wins_over_the_file_and_the_file_over_defaults(tmp_path
     assert options["host"] == "127.0.0.1"  # this machine only, unless asked
     assert options["api_key"] == "from-env"
     assert options_of(parsed("-m", "x", "--api-key", "given"))["api_key"] == "given"
+    config.write_text("model: x\ncors_origin: https://app.example.com\n")  # one origin, not its letters
+    assert options_of(parsed("--config", str(config)))["cors_origin"] == ["https://app.example.com"]
 
 
 @pytest.mark.parametrize(
@@ -39,6 +41,10 @@ def test_the_command_line_wins_over_the_file_and_the_file_over_defaults(tmp_path
         (("-m", "x", "--default-tokens", "900", "--max-tokens", "800"), None, "above max_tokens"),
         ((), "model: x\nthreads: 3\n", "unknown options \\['threads'\\]"),
         (("-m", "x", "--method", "nope"), None, "nope"),
+        (("-m", "x", "--request-timeout", "0"), None, "request_timeout` must be a positive"),
+        ((), "model: x\nrequest_timeout: 10m\n", "request_timeout` must be a positive"),
+        ((), "model: x\napi_key: 12345678\n", "`api_key` must be a string"),
+        ((), "model: x\ncors_origin: [1]\n", "`cors_origin` must be a list"),
     ],
 )
 def test_mistakes_fail_before_loading(argv, config, message, tmp_path: Path, capsys) -> None:

@@ -153,6 +153,10 @@ def select(items: Sequence[Item], problems: str | int | None) -> list[Item]:
     if isinstance(problems, int):
         if problems < 1:
             raise ConfigError(f"`problems` has to be a positive count, but is {problems}.")
+        if problems > len(items):
+            raise ConfigError(
+                f"`problems` asks for {problems}, but the task has {len(items)}; ask for at most {len(items)}."
+            )
         return list(items[:problems])
     chosen: list[int] = []
     for part in str(problems).split(","):
