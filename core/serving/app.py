@@ -26,7 +26,7 @@ from ensemble_core.batching import Batcher, QueueFull, RequestTimeout, Ticket
 from ensemble_core.chat.reply import Reply, ReplyAssembler
 from ensemble_core.chat.request import ChatRequest, build_request
 from ensemble_core.ensemble import Ensemble
-from ensemble_core.errors import ConfigError, EnsembleError
+from ensemble_core.errors import ConfigError, EnsembleError, TemplateError
 from ensemble_core.results import StreamChunk
 from ensemble_core.serving import openai_format as wire
 from ensemble_core.serving.openai_format import ApiError, ParsedCall
@@ -174,10 +174,12 @@ async def _json_body(request: Request, limit: int) -> Any:
 
 
 def _checked(work: Callable[[], Any]) -> Any:
-    """Run input checks, turning the core's `ConfigError` into a 400 that says why."""
+    """Run input checks, turning the core's `ConfigError` and a chat template's refusal of the
+    conversation (`TemplateError`: the request cannot be rendered, so retrying cannot help)
+    into a 400 that says why."""
     try:
         return work()
-    except ConfigError as error:
+    except (ConfigError, TemplateError) as error:
         code = "context_length_exceeded" if "context window" in str(error) else None
         raise ApiError(400, str(error), code=code) from None
 
@@ -243,7 +245,7 @@ class _Deliveries:
 def _api_error_of(error: BaseException) -> ApiError:
     if isinstance(error, RequestTimeout):
         return ApiError(504, str(error), kind="timeout_error", code="timeout")
-    if isinstance(error, ConfigError):
+    if isinstance(error, (ConfigError, TemplateError)):
         return ApiError(400, str(error))
     if isinstance(error, EnsembleError):
         return ApiError(503, str(error), kind="server_error")

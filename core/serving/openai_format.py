@@ -96,7 +96,7 @@ def read_chat_body(body: Mapping[str, Any], *, served: str, default_tokens: int,
             400, "`logprobs` is not supported by an ensemble (its tokens are no one model's).", param="logprobs"
         )
     core = [_core_message(m, i) for i, m in enumerate(messages)]
-    return ParsedCall(core, options, bool(body.get("stream")), _include_usage(body))
+    return ParsedCall(core, options, _streams(body), _include_usage(body))
 
 
 def read_completion_body(body: Mapping[str, Any], *, served: str, default_tokens: int, max_tokens: int) -> ParsedCall:
@@ -116,7 +116,7 @@ def read_completion_body(body: Mapping[str, Any], *, served: str, default_tokens
     if body.get("best_of") not in (None, 1):
         raise ApiError(400, "`best_of` must be 1.", param="best_of")
     options = _shared_options(body, default_tokens, max_tokens, token_fields=("max_tokens",))
-    return ParsedCall(prompt, options, bool(body.get("stream")), _include_usage(body))
+    return ParsedCall(prompt, options, _streams(body), _include_usage(body))
 
 
 def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
@@ -159,6 +159,14 @@ def _shared_options(
     return options
 
 
+def _streams(body: Mapping[str, Any]) -> bool:
+    """`stream`: true, false or absent (the string "false" would read as true)."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, f"`stream` must be true or false, but is {stream!r}.", param="stream")
+    return bool(stream)
+
+
 def _include_usage(body: Mapping[str, Any]) -> bool:
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, Mapping):
@@ -194,7 +202,7 @@ def _text(content: Any, where: str) -> str | None:
                     param=f"{where}.content",
                 )
             texts.append(part["text"])
-        return "".join(texts)
+        return "\n".join(texts)  # as `Ensemble.generate` and both adapters join a message's text parts
     raise ApiError(400, f"`{where}.content` must be a string or a list of text parts.", param=f"{where}.content")
 
 

@@ -110,6 +110,15 @@ def test_chat_completion_equals_generate_and_carries_the_report(pair_server, pai
     assert 0.0 <= report["share_ensembled"] <= 1.0
 
 
+def test_text_parts_are_joined_as_the_library_joins_them(pair_server, pair: Ensemble) -> None:
+    """One message as a list of text parts is the same prompt through the server as through
+    `Ensemble.generate` (and so through both adapters)."""
+    base_url, _ = pair_server
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Where is"}, {"type": "text", "text": "the sea?"}]}]
+    completion = client(base_url).chat.completions.create(model="pair", messages=parts, max_tokens=12)
+    assert completion.choices[0].message.content == pair.generate(parts, max_new_tokens=12).text
+
+
 def test_streamed_chat_adds_up_to_the_same_text_with_usage_last(pair_server, pair: Ensemble) -> None:
     base_url, _ = pair_server
     stream = client(base_url).chat.completions.create(
@@ -185,12 +194,32 @@ def test_models_health_and_errors_in_openai_shape(pair_server) -> None:
         body = caught.value.body
         assert body["message"] and body["type"], body  # the client unwraps {"error": {...}}
         assert body["code"] == code
+    flagged = httpx.post(  # the string "false" is truthy: read as a flag it would stream
+        f"{base_url}/chat/completions",
+        json={"messages": MESSAGES, "model": "pair", "stream": "false", "max_tokens": 8},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    assert flagged.status_code == 400 and "`stream` must be true or false" in flagged.json()["error"]["message"]
     huge = httpx.post(
         f"{base_url}/chat/completions",
         content=b"x" * (2 << 20),
         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
     )
     assert huge.status_code == 413 and "at most" in huge.json()["error"]["message"]
+
+
+def test_a_member_without_a_chat_template_refuses_chat_with_400_and_still_completes(tiny_member) -> None:
+    """Gemma-3-270M (a base model) has no chat template: chat requests are the client's to fix
+    (a 400 that names the member and the way out, never a retryable 5xx); raw completions work."""
+    base = Ensemble([tiny_member("tiny-gemma3")], method="single")
+    with serving_in_thread(create_app(base, ServeSettings(model_id="base", max_tokens=8))) as base_url:
+        openai = client(base_url)
+        with pytest.raises(APIStatusError) as caught:
+            openai.chat.completions.create(model="base", messages=MESSAGES, max_tokens=4)
+        assert caught.value.status_code == 400
+        assert "has no chat template" in caught.value.body["message"]
+        assert caught.value.body["type"] == "invalid_request_error"
+        assert openai.completions.create(model="base", prompt="Once upon", max_tokens=4).choices[0].text
 
 
 def test_a_full_queue_answers_429(pair: Ensemble) -> None:
