@@ -24,6 +24,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         "langchain_chain.py",
         "langchain_rag.py",
         "langchain_agent.py",
+        "llamaindex_query_engine.py",
+        "llamaindex_chat_engine.py",
+        "llamaindex_agent.py",
         "serve_chatopenai.py",
     ],
 )
@@ -43,6 +46,12 @@ def test_example_runs(script: str) -> None:
         assert "=== streamed through ChatOpenAI" in done.stdout and "share of tokens decided" in done.stdout
     if script == "langchain_agent.py":
         assert "[tool] " in done.stdout  # the Python tool ran on the call the model made
+    if script == "llamaindex_query_engine.py":
+        assert "source: " in done.stdout  # the answer came with the retrieved documents
+    if script == "llamaindex_chat_engine.py":
+        assert done.stdout.count("Assistant: ") >= 2  # a follow-up turn, condensed with the history
+    if script == "llamaindex_agent.py":
+        assert "tool result: " in done.stdout  # the Python tool ran on the call the model made
 
 
 @pytest.mark.packaged
