@@ -86,7 +86,7 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize("name", ["eval.yaml", "eval-smoke.yaml", "eval-boundary.yaml", "eval-reasoning.yaml"])
+@pytest.mark.parametrize("name", sorted(path.name for path in EXAMPLES.glob("eval*.yaml")))
 def test_the_example_configs_are_valid(name: str) -> None:
     checked = load_config(EXAMPLES / name)
     assert checked.expanded() and checked.tasks
