@@ -40,7 +40,7 @@ from ensemble_core.chat.request import ChatRequest, build_request
 from ensemble_core.chat.tool_calls import resolve_tool_choice
 from ensemble_core.config import build_settings
 from ensemble_core.ensemble import Ensemble
-from ensemble_core.errors import ConfigError
+from ensemble_core.errors import ConfigError, ModelLoadError
 from ensemble_core.loading import EnsembleSpec, adapter_source, shared_ensemble
 from ensemble_core.results import StreamChunk
 from llamaindex_ensemble.messages import to_core_messages, to_openai_tools
@@ -111,7 +111,8 @@ class EnsembleLLM(FunctionCallingLLM):
         default=None,
         description="The window LlamaIndex packs prompts into. None: the smallest member's window (read from "
         "the models' configs; no weights are loaded). A number may only be smaller, e.g. to leave room for "
-        "tokenizers that count more tokens than LlamaIndex's; it is checked when the models load.",
+        "tokenizers that count more tokens than LlamaIndex's; it is checked at once where the configs can be "
+        "read here (local placement), else when the models load.",
     )
 
     _spec: EnsembleSpec | None = PrivateAttr(default=None)
@@ -131,8 +132,9 @@ class EnsembleLLM(FunctionCallingLLM):
             raise ValueError(
                 f"`context_window` has to be a positive number of tokens or None, but is {self.context_window}"
             )
-        if self.context_window is not None:  # the members' windows come from their configs, not their weights
-            self._check_window(self.ensemble.context_window if self._spec is None else self._spec.context_window())
+        if self.context_window is not None and (self._spec is None or self._spec.placement == "local"):
+            with contextlib.suppress(ModelLoadError):  # a config not readable here: checked when the models load
+                self._check_window(self.ensemble.context_window if self._spec is None else self._spec.context_window())
         return self
 
     # ------------------------------------------------------------------ identity
@@ -299,7 +301,9 @@ class EnsembleLLM(FunctionCallingLLM):
 
     def _get_ensemble(self) -> Ensemble:
         if self._loaded is None:
-            self._loaded = self.ensemble if self._spec is None else shared_ensemble(self._spec)
+            ensemble = self.ensemble if self._spec is None else shared_ensemble(self._spec)
+            self._check_window(ensemble.context_window)
+            self._loaded = ensemble
         return self._loaded
 
     async def _aget_ensemble(self) -> Ensemble:

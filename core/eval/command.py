@@ -112,7 +112,8 @@ def _method_params(text: str | None, methods: list[str]) -> dict[str, dict[str, 
         raise ConfigError(f"--method-params is not JSON: {error}") from None
     if not isinstance(params, dict):
         raise ConfigError(f"--method-params must be a JSON object: method name -> parameters, e.g. {example}.")
-    stray = sorted(set(params) - set(methods))
+    params = {str(method).lower(): values for method, values in params.items()}  # method names ignore case
+    stray = sorted(set(params) - {method.lower() for method in methods})
     if stray:
         raise ConfigError(
             f"--method-params has {stray}, which are not among --methods {methods}; it maps each method "
@@ -135,7 +136,7 @@ def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
     found = []
     for method in methods:
         boundary = args.boundary or "correct"
-        base = {"members": members, "method": method, "params": params.get(method, {}), "boundary": boundary}
+        base = {"members": members, "method": method, "params": params.get(method.lower(), {}), "boundary": boundary}
         if not _takes_weights(method):  # each member alone (single), or no weights (contrastive)
             found.append(base)
             continue

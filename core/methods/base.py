@@ -190,14 +190,17 @@ class Method(ABC):
 
     @abstractmethod
     def bind(self, members: Sequence[MemberVocab]) -> Binding:
-        """Resolve member references and weights against an ensemble's members (raise on unknown names)."""
+        """Resolve member references and weights against an ensemble's members (raise on unknown
+        names). Reads nothing of a member but its name: `check_members` binds members known by
+        name only, before any model loads."""
 
     @abstractmethod
     def start(self, binding: Binding, settings: GenerationSettings, device: torch.device) -> MethodRun:
         """A fresh run for one generation."""
 
     def check_member_count(self, count: int) -> None:  # noqa: B027 - most methods take any number
-        """Raise `ConfigError` when the method cannot run with `count` members (called by `bind`)."""
+        """Raise `ConfigError` when the method cannot run with `count` members (a method that
+        limits the count calls it from its `bind`)."""
 
     def check_members(self, names: Sequence[str]) -> None:
         """Raise `ConfigError` when the method cannot bind to members called `names`: their count,

@@ -88,10 +88,11 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("api_key", "model_id", "host"):
         if options[name] is not None and not isinstance(options[name], str):
             raise ConfigError(f"`{name}` must be a string, but is {options[name]!r}; quote it in the YAML file.")
-    if isinstance(options["cors_origin"], str):
-        options["cors_origin"] = [options["cors_origin"]]
-    if not all(isinstance(origin, str) for origin in options["cors_origin"]):
-        raise ConfigError(f"`cors_origin` must be a list of origins, but is {options['cors_origin']!r}.")
+    origins = options["cors_origin"]
+    if isinstance(origins, str):
+        options["cors_origin"] = origins = [origins]
+    if not isinstance(origins, (list, tuple)) or not all(isinstance(origin, str) for origin in origins):
+        raise ConfigError(f"`cors_origin` must be a list of origins, but is {origins!r}.")
     return options
 
 

@@ -45,6 +45,7 @@ def test_the_command_line_wins_over_the_file_and_the_file_over_defaults(tmp_path
         ((), "model: x\nrequest_timeout: 10m\n", "request_timeout` must be a positive"),
         ((), "model: x\napi_key: 12345678\n", "`api_key` must be a string"),
         ((), "model: x\ncors_origin: [1]\n", "`cors_origin` must be a list"),
+        ((), "model: x\ncors_origin:\n", "`cors_origin` must be a list"),
     ],
 )
 def test_mistakes_fail_before_loading(argv, config, message, tmp_path: Path, capsys) -> None:
