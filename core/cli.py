@@ -59,16 +59,18 @@ def _models_prepare(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ensemble_core import Ensemble
     from ensemble_core.config import build_settings
-    from ensemble_core.devices import resolve_device, resolve_dtype
     from ensemble_core.loading import EnsembleSpec
 
-    # everything the command line says is checked before the first model loads
-    params = _method_params(args.method_params)
+    # everything the command line says is checked before the first model loads (the device and
+    # dtype by the loader, before it reads a file)
+    params = method_params_option(args.method_params)
     spec = EnsembleSpec.build(args.model, args.method, params, args.device, args.dtype)
-    resolve_device(args.device)
-    resolve_dtype(args.dtype)
-    settings = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
-    settings["stop"] = args.stop
+    settings = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "stop": args.stop,
+    }
     build_settings(**settings)
     ensemble = Ensemble(spec.load_members(), method=spec.method, method_params=spec.method_params)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
@@ -81,15 +83,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _method_params(text: str | None) -> dict[str, Any]:
+def method_params_option(text: str | None, example: str = '{"drafter": "qwen"}') -> dict[str, Any]:
+    """`--method-params` as `run`, `serve` and `eval` take it: a JSON object ({} when not given)."""
     if text is None:
         return {}
     try:
         found = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ConfigError(f'--method-params is not valid JSON ({error}); e.g. \'{{"drafter": "qwen"}}\'.') from None
+        raise ConfigError(f"--method-params is not valid JSON ({error}); e.g. '{example}'.") from None
     if not isinstance(found, dict):
-        raise ConfigError('--method-params must be a JSON object of parameters, e.g. {"drafter": "qwen"}.')
+        raise ConfigError(f"--method-params must be a JSON object, e.g. '{example}'.")
     return found
 
 

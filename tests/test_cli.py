@@ -39,6 +39,7 @@ def test_run_streams_a_generation(capsys: pytest.CaptureFixture[str]) -> None:
         (("--method-params", "{drafter"), "not valid JSON"),
         (("--max-new-tokens", "0"), "max_new_tokens"),
         (("--stop", ""), "non-empty strings"),
+        (("--dtype", "float13"), "`dtype` must be one of"),  # the loader checks it before reading a file
     ],
 )
 def test_run_checks_its_arguments_before_loading_a_model(argv, message, capsys) -> None:

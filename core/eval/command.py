@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -105,13 +104,10 @@ _MATRIX_FLAGS = {
 def _method_params(text: str | None, methods: list[str]) -> dict[str, dict[str, Any]]:
     """--method-params: each method of --methods to its parameters (a key naming no method of
     the list would be silently unused, so it is an error; so is the flat form serve takes)."""
+    from ensemble_core.cli import method_params_option
+
     example = '{"safe": {"drafter": "qwen"}}'
-    try:
-        params = json.loads(text) if text is not None else {}
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"--method-params is not JSON: {error}") from None
-    if not isinstance(params, dict):
-        raise ConfigError(f"--method-params must be a JSON object: method name -> parameters, e.g. {example}.")
+    params = method_params_option(text, example)
     params = {str(method).lower(): values for method, values in params.items()}  # method names ignore case
     stray = sorted(set(params) - {method.lower() for method in methods})
     if stray:
@@ -133,9 +129,9 @@ def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
     unknown = set(weightings) - {"equal", "auto"}
     if unknown:
         raise ConfigError(f"--weights takes 'equal' and/or 'auto', not {sorted(unknown)}.")
+    boundary = args.boundary or "correct"
     found = []
     for method in methods:
-        boundary = args.boundary or "correct"
         base = {"members": members, "method": method, "params": params.get(method.lower(), {}), "boundary": boundary}
         if not _takes_weights(method):  # each member alone (single), or no weights (contrastive)
             found.append(base)

@@ -7,11 +7,11 @@ line wins. Everything is checked before any model is loaded.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from ensemble_core.cli import method_params_option
 from ensemble_core.errors import ConfigError
 from ensemble_core.extras import require_extra
 
@@ -67,10 +67,7 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
         options.update(_read_config(args.config))
     given = {key: value for key, value in vars(args).items() if key in _DEFAULTS and value is not None}
     if "method_params" in given:
-        try:
-            given["method_params"] = json.loads(given["method_params"])
-        except json.JSONDecodeError as error:
-            raise ConfigError(f'--method-params is not valid JSON ({error}); e.g. \'{{"drafter": "qwen"}}\'.') from None
+        given["method_params"] = method_params_option(given["method_params"])
     options.update(given)
     if not options["model"]:
         raise ConfigError("Give at least one model: -m NAME (repeat for an ensemble), or `model:` in --config.")
