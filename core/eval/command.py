@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="output folder (records.jsonl, report.md, plots/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (one line per finished cell)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the records; run nothing")
+    parser.add_argument(
+        "--rescore",
+        action="store_true",
+        help="score the stored replies again with the current scorers, then write the report; generate nothing",
+    )
     parser.add_argument("--no-plots", action="store_true")
 
 
@@ -141,7 +146,7 @@ def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
     return found
 
 
-_NOT_REPRODUCED = ("--report-only", "--quiet")
+_NOT_REPRODUCED = ("--report-only", "--rescore", "--quiet")
 
 
 def reproduce_command(argv: Sequence[str]) -> str:
@@ -158,12 +163,15 @@ def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     evaluation = Evaluation(config, quiet=args.quiet)
     evaluation.cells()  # fingerprints checked before anything loads
     command = reproduce_command(argv if argv is not None else sys.argv[1:])
-    if args.report_only and not evaluation.records.records:
+    only = "--rescore" if args.rescore else "--report-only" if args.report_only else None
+    if only and not evaluation.records.records:
         raise ConfigError(
-            f"--report-only: there are no records in {evaluation.path} yet; run the same command "
-            "without --report-only to measure them."
+            f"{only}: there are no records in {evaluation.path} yet; run the same command "
+            f"without {only} to measure them."
         )
-    if not args.report_only:
+    if args.rescore:
+        sys.stdout.write(f"rescored: {evaluation.rescore()} records changed\n")
+    elif not args.report_only:
         try:
             evaluation.run()
         except KeyboardInterrupt:

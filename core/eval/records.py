@@ -111,6 +111,24 @@ class RecordFile:
         for record in batch:
             self._take(record)
 
+    def replace(self, records: Iterable[Record]) -> None:
+        """Put changed records in place of the held ones with the same keys and rewrite the
+        file whole (a new file moved over the old one, so a crash leaves one or the other)."""
+        changed = list(records)
+        if not changed:
+            return
+        for record in changed:
+            if record.key not in self.records:
+                raise KeyError(f"{self.path} holds no record for {record.key}")
+            self.records[record.key] = record
+        fresh = self.path.with_name(self.path.name + ".new")
+        with fresh.open("w", encoding="utf-8") as handle:
+            for record in self.records.values():
+                handle.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(fresh, self.path)
+
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records.values())
 

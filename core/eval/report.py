@@ -4,21 +4,26 @@ Per configuration and task: accuracy with its 95% interval, the paired compariso
 of the configuration's own members on the same problems (won / lost, sign-test p; a difference
 that could be noise reads "tie"), cost (ms per reply token over whole batches, as run), the
 share of tokens several members decided, and each member's forward seconds per reply token.
+Below each table, how the wrong replies fail and where the problems lost to the best member
+leave its text (`diagnosis`); `losses.md` lists every such problem.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import platform
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ensemble_core.eval.diagnosis import FAILURE_KINDS, Loss, failure_kind, loss
 from ensemble_core.eval.records import Record
 from ensemble_core.eval.stats import Paired, paired, wilson
 
 REPORT_FILE = "report.md"
+LOSSES_FILE = "losses.md"
 
 
 @dataclass
@@ -41,6 +46,9 @@ class Row:
     best_member: str | None = None
     versus_best: Paired | None = None
     details: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    losses: list[Loss] = field(default_factory=list)
+    records: dict[str, Record] = field(default_factory=dict, repr=False)
 
     @property
     def accuracy(self) -> float:
@@ -90,9 +98,13 @@ def _row(task: str, config: str, group: list[Record], members: tuple[str, ...]) 
             member_seconds[name] += seconds
     shares = [r.share_ensembled for r in group if r.share_ensembled is not None]
     flags: dict[str, int] = defaultdict(int)
+    failures: dict[str, int] = defaultdict(int)
     for record in group:
         for flag in record.flags:
             flags[flag] += 1
+        kind = failure_kind(record)
+        if kind is not None:
+            failures[kind] += 1
     return Row(
         config=config,
         task=task,
@@ -106,6 +118,8 @@ def _row(task: str, config: str, group: list[Record], members: tuple[str, ...]) 
         member_seconds=dict(member_seconds),
         share_ensembled=sum(shares) / len(shares) if shares else None,
         flags=dict(flags),
+        failures=dict(failures),
+        records={r.item: r for r in group},
     )
 
 
@@ -122,6 +136,11 @@ def _compare_with_best_member(rows: list[Row]) -> None:
         best = max(mine, key=lambda r: (r.accuracy, -row.members.index(r.members[0])))
         row.best_member = best.config
         row.versus_best = paired(row.outcomes, best.outcomes)
+        row.losses = [
+            loss(record, best.records[item])
+            for item, record in row.records.items()
+            if not record.correct and item in best.records and best.records[item].correct
+        ]
 
 
 def render(
@@ -145,10 +164,69 @@ def render(
     for task, rows in rows_by_task.items():
         lines += [f"## {task}", "", f"Data: {sources.get(task, 'unknown')}.", ""]
         lines += table(rows)
+        lines += failure_table(rows)
         for plot in plots.get(task, []):
             lines += ["", f"![{plot.stem}]({plot.relative_to(out).as_posix()})"]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def failure_table(rows: Sequence[Row]) -> list[str]:
+    """How each configuration's wrong replies fail, and where its losses to the best member
+    leave that member's text (between words, or inside a word); empty when nothing is wrong."""
+    kinds = [kind for kind in FAILURE_KINDS if any(kind in row.failures for row in rows)]
+    if not kinds:
+        return []
+    header = ["configuration", "wrong", *kinds, "lost to best member: leaves its text between words / inside a word"]
+    lines = [
+        "",
+        f"How the wrong replies fail (per-problem losses in [{LOSSES_FILE}]({LOSSES_FILE})):",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---" * len(header) + "|",
+    ]
+    for row in rows:
+        counts = " | ".join(str(row.failures.get(kind, 0)) for kind in kinds)
+        inside = sum(1 for lost in row.losses if lost.departure.inside_word)
+        where = f"{len(row.losses) - inside} / {inside}" if row.versus_best is not None else ""
+        lines.append(f"| {row.config} | {row.total - row.correct} | {counts} | {where} |")
+    return lines
+
+
+def render_losses(rows_by_task: dict[str, list[Row]]) -> str:
+    """`losses.md`: every problem a configuration lost to its best member, with how the reply
+    failed and the first place it leaves the best member's text."""
+    lines = [
+        "# Problems lost to the best member",
+        "",
+        "Each problem the best member alone solved and the configuration did not: how the "
+        "configuration's reply failed, and the first place its text leaves the member's (the shared text "
+        "before it, then what each writes; newlines shown as \\n). *Inside a word*: the replies part in the "
+        "middle of a word, the mark of a broken prompt boundary; *between words*: a different choice of "
+        "what to write next.",
+    ]
+    for task, rows in rows_by_task.items():
+        for row in rows:
+            if not row.losses:
+                continue
+            lines += ["", f"## {task}: {row.config} (against {row.best_member})", ""]
+            lines += ["| problem | reply | leaves it | shared text | configuration writes | best member writes |"]
+            lines += ["|---|---|---|---|---|---|"]
+            for lost in row.losses:
+                d = lost.departure
+                where = "inside a word" if d.inside_word else "between words"
+                lines.append(
+                    f"| {lost.item} | {lost.failure or ''} | {where} | {_code(d.before)} | {_code(d.mine)} "
+                    f"| {_code(d.theirs)} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def _code(text: str) -> str:
+    """Text as an inline code span a markdown table cell keeps intact (escapes visible)."""
+    shown = json.dumps(text, ensure_ascii=False)[1:-1].replace("|", "\\|")
+    fence = "``" if "`" in shown else "`"
+    return f"{fence} {shown} {fence}" if shown else ""
 
 
 def table(rows: Sequence[Row]) -> list[str]:

@@ -9,6 +9,7 @@ the same command resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -80,6 +81,32 @@ class Evaluation:
             if todo:
                 self._run_cell(cell, todo)
         return self.records
+
+    def rescore(self) -> int:
+        """Score every reply on file again with its task's current scorer (after a scorer is
+        fixed or learns a new symptom: nothing is generated again); returns how many records
+        changed."""
+        changed = []
+        for cell in self.cells():
+            for item in cell.items:
+                held = self.records.records.get((cell.name, cell.task.key, item.id))
+                if held is None:
+                    continue
+                if cell.task.style == OPTIONS_STYLE:
+                    outcome = cell.task.score_choice(item, item.options.index(held.reply))
+                else:
+                    outcome = cell.task.score(item, held.reply)
+                fresh = dataclasses.replace(
+                    held,
+                    correct=outcome.correct,
+                    extracted=outcome.extracted,
+                    detail=outcome.detail,
+                    flags=list(outcome.flags),
+                )
+                if fresh != held:
+                    changed.append(fresh)
+        self.records.replace(changed)
+        return len(changed)
 
     # ------------------------------------------------------------------ one cell
 

@@ -142,7 +142,10 @@ def run_isolated(program: str, limits: Limits | None = None) -> SandboxResult:
         finally:
             _kill_group(process)  # forked children that outlived their parent
     seconds = time.perf_counter() - started
-    detail = "\n".join(stderr.decode("utf-8", errors="replace").strip().splitlines()[-6:])
+    # Without its temporary folder a traceback reads the same on every run (and `--rescore` can
+    # tell a changed score from a changed folder name).
+    text = stderr.decode("utf-8", errors="replace").replace(folder + os.sep, "")
+    detail = "\n".join(text.strip().splitlines()[-6:])
     if process.returncode == 0:
         return SandboxResult("passed", "", seconds)
     if process.returncode < 0:

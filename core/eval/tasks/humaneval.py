@@ -126,5 +126,10 @@ class HumanEvalTask(Task):
             )
             if found
         )
-        detail = result.status if result.passed else f"{result.status}: {result.detail}"[:300]
+        detail = result.status if result.passed else f"{result.status}: {_tail(result.detail, 300)}"
         return Outcome(result.passed, None, detail, flags)
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of a traceback, which names the exception (its start is the least telling part)."""
+    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
