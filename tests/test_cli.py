@@ -60,11 +60,16 @@ def test_a_report_written_from_records_tells_how_to_reproduce_the_records(
         "configurations: [{members: [smol], method: single}]\n"
     )
     assert main(["eval", "--config", str(config), "--report-only"]) == 2
-    assert "there are no records in" in capsys.readouterr().err  # a clear error, before any model loads
+    assert "holds no records of this evaluation" in capsys.readouterr().err  # before any model loads
     assert main(["eval", "--config", str(config), "--quiet"]) == 0
     assert main(["eval", "--config", str(config), "--report-only", "--quiet", "--no-plots"]) == 0
     report = (tmp_path / "out" / "report.md").read_text()
     assert f"Reproduce with: `ensemble-llm eval --config {config} --no-plots`" in report
+    capsys.readouterr()
+    assert main(["eval", "--config", str(config), "--rescore", "--no-plots"]) == 0
+    assert "rescored 2 replies: 0 now correct, 0 now wrong, 0 with a new detail" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # rescoring writes the records: not a report-only call
+        main(["eval", "--config", str(config), "--rescore", "--report-only"])
 
 
 def test_eval_lists_vary_weights_only_for_methods_that_have_them() -> None:

@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="output folder (records.jsonl, report.md, plots/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (one line per finished cell)")
-    parser.add_argument("--report-only", action="store_true", help="write the report from the records; run nothing")
-    parser.add_argument(
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--report-only", action="store_true", help="write the report from the records; run nothing")
+    only.add_argument(
         "--rescore",
         action="store_true",
         help="score the stored replies again with the current scorers, then write the report; generate nothing",
@@ -161,16 +162,16 @@ def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
 
     config = config_from(args)
     evaluation = Evaluation(config, quiet=args.quiet)
-    evaluation.cells()  # fingerprints checked before anything loads
+    cells = evaluation.cells()  # fingerprints checked before anything loads
     command = reproduce_command(argv if argv is not None else sys.argv[1:])
     only = "--rescore" if args.rescore else "--report-only" if args.report_only else None
-    if only and not evaluation.records.records:
+    if only and not any(evaluation.records.done(c.name, c.task.key, i.id) for c in cells for i in c.items):
         raise ConfigError(
-            f"{only}: there are no records in {evaluation.path} yet; run the same command "
-            f"without {only} to measure them."
+            f"{only}: {evaluation.path} holds no records of this evaluation's configurations and problems yet; "
+            f"run the same command without {only} to measure them."
         )
     if args.rescore:
-        sys.stdout.write(f"rescored: {evaluation.rescore()} records changed\n")
+        sys.stdout.write(f"{evaluation.rescore()}\n")
     elif not args.report_only:
         try:
             evaluation.run()

@@ -24,7 +24,14 @@ DOES_NOT_PARSE = "does not parse"
 TIMEOUT = "timed out"
 FAILURE_KINDS = (WRONG_ANSWER, NO_ANSWER, ASSERTION, RUNTIME_ERROR, DOES_NOT_PARSE, TIMEOUT)
 
-_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")
+BETWEEN_WORDS = "between words"
+INSIDE_WORD = "inside a word"
+ONE_ENDS = "one ends"  # one reply stops where the other goes on
+SAME_TEXT = "same text"  # identical replies scored differently (a flaky timeout)
+OTHER_OPTION = "another option"  # option scoring: nothing was written
+PLACES = (BETWEEN_WORDS, INSIDE_WORD, ONE_ENDS, SAME_TEXT, OTHER_OPTION)
+
+_RAISED = re.compile(r"([A-Za-z_][\w.]*)(?::|$)")  # a traceback's last line: "ValueError: ..."
 _PARSE_ERRORS = frozenset({"SyntaxError", "IndentationError", "TabError"})
 _EXCERPT = 40
 
@@ -42,12 +49,20 @@ def failure_kind(record: Record) -> str | None:
         return NO_ANSWER if record.extracted is None else WRONG_ANSWER
     if detail.startswith("timeout"):
         return TIMEOUT
-    raised = _EXCEPTION.findall(detail)
-    if not raised:
-        return RUNTIME_ERROR
-    if raised[-1] in _PARSE_ERRORS:
+    raised = raised_exception(detail.removeprefix("failed: "))  # (the sandbox's status first)
+    if raised in _PARSE_ERRORS:
         return DOES_NOT_PARSE
-    return ASSERTION if raised[-1] == "AssertionError" else RUNTIME_ERROR
+    return ASSERTION if raised == "AssertionError" else RUNTIME_ERROR
+
+
+def raised_exception(detail: str) -> str | None:
+    """The name of the exception a traceback ends in (its last line that starts with a name and
+    a colon, or is a bare name), without its module; None when there is none."""
+    for line in reversed(detail.splitlines()):
+        match = _RAISED.match(line)
+        if match:
+            return match.group(1).rsplit(".", 1)[-1]
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,17 +71,23 @@ class Departure:
 
     Attributes:
         offset: characters the two replies share before they differ.
-        inside_word: the shared text ends inside a word that either reply goes on with (a
-            letter, digit or underscore on both sides of the cut), rather than between words.
+        place: one of `PLACES`: `INSIDE_WORD` when the shared text ends inside a word that both
+            replies go on with differently (a letter, digit or underscore on both sides of the
+            cut); `BETWEEN_WORDS` for a different choice at a word's start; `ONE_ENDS` when one
+            reply stops where the other goes on; `SAME_TEXT` when they do not differ.
         before: the last characters of the shared text.
         mine / theirs: what each reply writes from there (a short excerpt).
     """
 
     offset: int
-    inside_word: bool
+    place: str
     before: str
     mine: str
     theirs: str
+
+    @property
+    def inside_word(self) -> bool:
+        return self.place == INSIDE_WORD
 
 
 def first_departure(reply: str, reference: str, prompt_end: str = "") -> Departure:
@@ -75,11 +96,17 @@ def first_departure(reply: str, reference: str, prompt_end: str = "") -> Departu
     shortest = min(len(reply), len(reference))
     offset = next((i for i, (a, b) in enumerate(zip(reply, reference, strict=False)) if a != b), shortest)
     shared = prompt_end + reply[:offset]
-    ahead = [text[offset] for text in (reply, reference) if offset < len(text)]
-    inside = bool(shared) and _word_char(shared[-1]) and any(_word_char(c) for c in ahead)
+    if reply == reference:
+        place = SAME_TEXT
+    elif offset == shortest:
+        place = ONE_ENDS
+    elif shared and _word_char(shared[-1]) and (_word_char(reply[offset]) or _word_char(reference[offset])):
+        place = INSIDE_WORD
+    else:
+        place = BETWEEN_WORDS
     return Departure(
         offset=offset,
-        inside_word=inside,
+        place=place,
         before=shared[-_EXCERPT:],
         mine=reply[offset : offset + _EXCERPT],
         theirs=reference[offset : offset + _EXCERPT],
@@ -105,5 +132,8 @@ class Loss:
 
 
 def loss(mine: Record, best: Record) -> Loss:
-    """The loss of `mine` against the best member's `best` on the same problem."""
+    """The loss of `mine` against the best member's `best` on the same problem (for option
+    scoring, the two options chosen: nothing was written, so no place in a text)."""
+    if mine.options is not None:
+        return Loss(mine.item, failure_kind(mine), Departure(0, OTHER_OPTION, "", mine.reply, best.reply))
     return Loss(mine.item, failure_kind(mine), first_departure(mine.reply, best.reply, prompt_end(mine)))

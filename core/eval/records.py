@@ -79,6 +79,7 @@ class RecordFile:
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
                 if line.strip():
                     self._take(_parse(line, path, number))
+        self._size = _size(path)  # what this object has read and written: `replace` checks it
 
     def _take(self, record: Record) -> None:
         self.records[record.key] = record
@@ -108,6 +109,7 @@ class RecordFile:
                 handle.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        self._size = _size(self.path)
         for record in batch:
             self._take(record)
 
@@ -117,20 +119,35 @@ class RecordFile:
         changed = list(records)
         if not changed:
             return
-        for record in changed:
-            if record.key not in self.records:
-                raise KeyError(f"{self.path} holds no record for {record.key}")
-            self.records[record.key] = record
+        missing = [record.key for record in changed if record.key not in self.records]
+        if missing:
+            raise KeyError(f"{self.path} holds no record for {missing[0]}")
+        if _size(self.path) != self._size:
+            raise ConfigError(
+                f"{self.path} changed since it was read (is another evaluation writing to it?); wait for it "
+                "to finish and run this again."
+            )
+        held = dict(self.records)
+        held.update((record.key, record) for record in changed)
         fresh = self.path.with_name(self.path.name + ".new")
-        with fresh.open("w", encoding="utf-8") as handle:
-            for record in self.records.values():
-                handle.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(fresh, self.path)
+        try:
+            with fresh.open("w", encoding="utf-8") as handle:
+                for record in held.values():
+                    handle.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(fresh, self.path)
+        finally:
+            fresh.unlink(missing_ok=True)
+        self.records = held
+        self._size = _size(self.path)
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records.values())
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def _drop_cut_line(path: Path) -> None:

@@ -11,14 +11,14 @@ leave its text (`diagnosis`); `losses.md` lists every such problem.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import platform
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ensemble_core.eval.diagnosis import FAILURE_KINDS, Loss, failure_kind, loss
+from ensemble_core.eval.diagnosis import FAILURE_KINDS, PLACES, Loss, failure_kind, loss
 from ensemble_core.eval.records import Record
 from ensemble_core.eval.stats import Paired, paired, wilson
 
@@ -177,7 +177,7 @@ def failure_table(rows: Sequence[Row]) -> list[str]:
     kinds = [kind for kind in FAILURE_KINDS if any(kind in row.failures for row in rows)]
     if not kinds:
         return []
-    header = ["configuration", "wrong", *kinds, "lost to best member: leaves its text between words / inside a word"]
+    header = ["configuration", "wrong", *kinds, "lost to best member: where the reply leaves its text"]
     lines = [
         "",
         f"How the wrong replies fail (per-problem losses in [{LOSSES_FILE}]({LOSSES_FILE})):",
@@ -187,8 +187,8 @@ def failure_table(rows: Sequence[Row]) -> list[str]:
     ]
     for row in rows:
         counts = " | ".join(str(row.failures.get(kind, 0)) for kind in kinds)
-        inside = sum(1 for lost in row.losses if lost.departure.inside_word)
-        where = f"{len(row.losses) - inside} / {inside}" if row.versus_best is not None else ""
+        places = [lost.departure.place for lost in row.losses]
+        where = ", ".join(f"{places.count(place)} {place}" for place in PLACES if place in places)
         lines.append(f"| {row.config} | {row.total - row.correct} | {counts} | {where} |")
     return lines
 
@@ -202,8 +202,9 @@ def render_losses(rows_by_task: dict[str, list[Row]]) -> str:
         "Each problem the best member alone solved and the configuration did not: how the "
         "configuration's reply failed, and the first place its text leaves the member's (the shared text "
         "before it, then what each writes; newlines shown as \\n). *Inside a word*: the replies part in the "
-        "middle of a word, the mark of a broken prompt boundary; *between words*: a different choice of "
-        "what to write next.",
+        "middle of a word, which is where a broken prompt boundary splits words (a different name is the "
+        "other cause); *between words*: a different choice of what to write next; *one ends*: one reply "
+        "stops where the other goes on; *same text*: the same reply, scored differently (a flaky timeout).",
     ]
     for task, rows in rows_by_task.items():
         for row in rows:
@@ -214,19 +215,25 @@ def render_losses(rows_by_task: dict[str, list[Row]]) -> str:
             lines += ["|---|---|---|---|---|---|"]
             for lost in row.losses:
                 d = lost.departure
-                where = "inside a word" if d.inside_word else "between words"
                 lines.append(
-                    f"| {lost.item} | {lost.failure or ''} | {where} | {_code(d.before)} | {_code(d.mine)} "
+                    f"| {lost.item} | {lost.failure or ''} | {d.place} | {_code(d.before)} | {_code(d.mine)} "
                     f"| {_code(d.theirs)} |"
                 )
     return "\n".join(lines) + "\n"
 
 
+_VISIBLE = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "|": "\\|"}
+
+
 def _code(text: str) -> str:
-    """Text as an inline code span a markdown table cell keeps intact (escapes visible)."""
-    shown = json.dumps(text, ensure_ascii=False)[1:-1].replace("|", "\\|")
-    fence = "``" if "`" in shown else "`"
-    return f"{fence} {shown} {fence}" if shown else ""
+    """Text as an inline code span that a markdown table cell keeps whole: line breaks and tabs
+    shown as escapes, pipes escaped, a fence longer than any backtick run inside."""
+    if not text:
+        return "*(end)*"
+    shown = "".join(_VISIBLE.get(char, char) for char in text)
+    fence = "`" * (1 + max((len(run) for run in re.findall("`+", shown)), default=0))
+    pad = "" if shown.strip(" ") == "" else " "  # an all-space span keeps its spaces unpadded
+    return f"{fence}{pad}{shown}{pad}{fence}"
 
 
 def table(rows: Sequence[Row]) -> list[str]:

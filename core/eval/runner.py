@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ensemble_core.errors import ConfigError
 from ensemble_core.eval.config import ConfigurationSpec, EvalConfig
 from ensemble_core.eval.records import Record, RecordFile
 from ensemble_core.eval.tasks import OPTIONS_STYLE, Item, Task
@@ -82,17 +83,26 @@ class Evaluation:
                 self._run_cell(cell, todo)
         return self.records
 
-    def rescore(self) -> int:
-        """Score every reply on file again with its task's current scorer (after a scorer is
-        fixed or learns a new symptom: nothing is generated again); returns how many records
-        changed."""
-        changed = []
+    def rescore(self) -> Rescored:
+        """Score this evaluation's replies on file (its configurations on its slices) again with
+        their tasks' current scorers, after a scorer is fixed or learns a new symptom; nothing
+        is generated again."""
+        changed: list[Record] = []
+        tally = Rescored()
         for cell in self.cells():
             for item in cell.items:
                 held = self.records.records.get((cell.name, cell.task.key, item.id))
                 if held is None:
+                    tally.missing += 1
                     continue
+                tally.rescored += 1
                 if cell.task.style == OPTIONS_STYLE:
+                    if held.reply not in item.options:
+                        raise ConfigError(
+                            f"{cell.name} | {cell.task.key} | {item.id}: the stored choice {held.reply!r} is not one "
+                            f"of the problem's options {list(item.options)} (did the data change?); run it again "
+                            "in a new output folder."
+                        )
                     outcome = cell.task.score_choice(item, item.options.index(held.reply))
                 else:
                     outcome = cell.task.score(item, held.reply)
@@ -103,10 +113,15 @@ class Evaluation:
                     detail=outcome.detail,
                     flags=list(outcome.flags),
                 )
+                if fresh.correct != held.correct:
+                    tally.now_correct += fresh.correct
+                    tally.now_wrong += not fresh.correct
+                elif fresh != held:
+                    tally.reworded += 1
                 if fresh != held:
                     changed.append(fresh)
         self.records.replace(changed)
-        return len(changed)
+        return tally
 
     # ------------------------------------------------------------------ one cell
 
@@ -205,6 +220,27 @@ class Evaluation:
         from ensemble_core import HFMember
 
         return HFMember.from_pretrained(model, device=self.config.device, dtype=self.config.dtype, name=alias)
+
+
+@dataclass
+class Rescored:
+    """What `Evaluation.rescore` did: replies scored again, how many changed their score
+    (now correct / now wrong) or only their detail or flags, and problems with no reply yet."""
+
+    rescored: int = 0
+    now_correct: int = 0
+    now_wrong: int = 0
+    reworded: int = 0
+    missing: int = 0
+
+    def __str__(self) -> str:
+        text = (
+            f"rescored {self.rescored} replies: {self.now_correct} now correct, {self.now_wrong} now wrong, "
+            f"{self.reworded} with a new detail or flags only"
+        )
+        if self.missing:
+            text += f"; {self.missing} problems have no reply yet (run without --rescore to measure them)"
+        return text
 
 
 def _record(cell: Cell, item: Item, outcome: Outcome, **measured: Any) -> Record:

@@ -126,10 +126,19 @@ class HumanEvalTask(Task):
             )
             if found
         )
-        detail = result.status if result.passed else f"{result.status}: {_tail(result.detail, 300)}"
+        detail = result.status if result.passed else f"{result.status}: {_shortened(result.detail, 300)}"
         return Outcome(result.passed, None, detail, flags)
 
 
-def _tail(text: str, limit: int) -> str:
-    """The end of a traceback, which names the exception (its start is the least telling part)."""
-    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
+def _shortened(text: str, limit: int) -> str:
+    """A traceback cut to about `limit` characters, keeping what tells most: the start of its
+    last line (the exception and its message), then as much of the lines before it as fits,
+    from their end."""
+    if len(text) <= limit:
+        return text
+    *context, last = text.splitlines() or [""]
+    last = last if len(last) <= limit // 2 else last[: limit // 2 - 3] + "..."
+    room = limit - len(last) - 1
+    before = "\n".join(context)
+    before = before if len(before) <= room else "..." + before[-(room - 3) :]
+    return f"{before}\n{last}" if before else last
