@@ -147,17 +147,24 @@ def test_excerpts_stay_whole_in_a_table_cell(text: str, shown: str) -> None:
     assert _code(text) == shown
 
 
-def test_rescoring_updates_stored_scores_and_keeps_everything_measured(tmp_path: Path) -> None:
+def smol_alone_on(out: Path, task: dict) -> tuple:
+    """A checked one-configuration evaluation (SmolLM2 alone) on `task`: config, its one
+    configuration, the task and its problems."""
     config = build_config(
         {
             "members": {"smol": "smollm2-135m-instruct"},
-            "output": str(tmp_path),
-            "tasks": [{"task": "humaneval", "style": "raw", "problems": 2}],
+            "output": str(out),
+            "tasks": [task],
             "configurations": [{"members": ["smol"], "method": "single"}],
         }
     )
     [spec] = config.expanded()
-    [(task, items)] = config.selections
+    [(checked, items)] = config.selections
+    return config, spec, checked, items
+
+
+def test_rescoring_updates_stored_scores_and_keeps_everything_measured(tmp_path: Path) -> None:
+    config, spec, task, items = smol_alone_on(tmp_path, {"task": "humaneval", "style": "raw", "problems": 2})
     stale = [
         Record(
             spec.label(),
@@ -201,16 +208,7 @@ def test_rescoring_updates_stored_scores_and_keeps_everything_measured(tmp_path:
 
 
 def test_rescoring_option_choices_scores_the_stored_option_and_refuses_one_the_data_lacks(tmp_path: Path) -> None:
-    config = build_config(
-        {
-            "members": {"smol": "smollm2-135m-instruct"},
-            "output": str(tmp_path),
-            "tasks": [{"task": "arc_challenge", "style": "options", "problems": 2}],
-            "configurations": [{"members": ["smol"], "method": "single"}],
-        }
-    )
-    [spec] = config.expanded()
-    [(task, items)] = config.selections
+    config, spec, task, items = smol_alone_on(tmp_path, {"task": "arc_challenge", "style": "options", "problems": 2})
     chosen = [f" {items[0].answer}", next(o for o in items[1].options if o != f" {items[1].answer}")]  # " A"
     stored = [
         Record(
