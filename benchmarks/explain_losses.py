@@ -12,8 +12,10 @@ outvoted it: the loss comes from their quality, not from how the votes were comb
 
 Lines, not words: an option is scored as the token chain that spells it, and a word can be the
 start of a longer token (Qwen writes `.lower` as one token, so its probability of a bare `.`
-says nothing about `.lower`); a line ends where code tokenizers end their tokens. Reads the
-records of a finished evaluation; loads each member once; all prompts of a member in one batch.
+says nothing about `.lower`); a line ends where code tokenizers end their tokens. A longer line
+is less likely for every member alike, so a single member's figure leans to the shorter line;
+what the table shows is where the members disagree. Reads the records of a finished
+evaluation; loads each member once.
 """
 
 from __future__ import annotations

@@ -202,8 +202,9 @@ def render_losses(rows_by_task: dict[str, list[Row]]) -> str:
         "Each problem the best member alone solved and the configuration did not: how the "
         "configuration's reply failed, and the first place its text leaves the member's (the shared text "
         "before it, then what each writes; newlines shown as \\n). *Inside a word*: the replies part in the "
-        "middle of a word, which is where a broken prompt boundary splits words (a different name is the "
-        "other cause); *between words*: a different choice of what to write next; *one ends*: one reply "
+        "middle of a word, which is where a broken prompt boundary splits words (the other cause: two "
+        "different words that start alike, as `C|onvert` and `C|reate`); *between words*: a different "
+        "choice of what to write next; *one ends*: one reply "
         "stops where the other goes on; *same text*: the same reply, scored differently (a flaky timeout).",
     ]
     for task, rows in rows_by_task.items():
