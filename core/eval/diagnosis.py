@@ -85,10 +85,6 @@ class Departure:
     mine: str
     theirs: str
 
-    @property
-    def inside_word(self) -> bool:
-        return self.place == INSIDE_WORD
-
 
 def first_departure(reply: str, reference: str, prompt_end: str = "") -> Departure:
     """The first difference between `reply` and `reference` (`prompt_end`: the text before both,

@@ -106,7 +106,7 @@ class RecordFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
             for record in batch:
-                handle.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
+                handle.write(_line(record))
             handle.flush()
             os.fsync(handle.fileno())
         self._size = _size(self.path)
@@ -133,7 +133,7 @@ class RecordFile:
         try:
             with fresh.open("w", encoding="utf-8") as handle:
                 for record in held.values():
-                    handle.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
+                    handle.write(_line(record))
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(fresh, self.path)
@@ -144,6 +144,11 @@ class RecordFile:
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records.values())
+
+
+def _line(record: Record) -> str:
+    """A record as the one JSON line the file holds for it."""
+    return json.dumps(asdict(record), ensure_ascii=False) + "\n"
 
 
 def _size(path: Path) -> int:

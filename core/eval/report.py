@@ -36,7 +36,6 @@ class Row:
     alone: bool
     correct: int
     total: int
-    outcomes: dict[str, bool]
     tokens: int
     seconds: float
     member_seconds: dict[str, float]
@@ -49,6 +48,11 @@ class Row:
     failures: dict[str, int] = field(default_factory=dict)
     losses: list[Loss] = field(default_factory=list)
     records: dict[str, Record] = field(default_factory=dict, repr=False)
+
+    @property
+    def outcomes(self) -> dict[str, bool]:
+        """Whether each problem was solved, by item (what the paired comparison reads)."""
+        return {item: record.correct for item, record in self.records.items()}
 
     @property
     def accuracy(self) -> float:
@@ -112,7 +116,6 @@ def _row(task: str, config: str, group: list[Record], members: tuple[str, ...]) 
         alone=config.endswith(" alone") or config.endswith(" alone [retokenize]"),
         correct=sum(r.correct for r in group),
         total=len(group),
-        outcomes={r.item: r.correct for r in group},
         tokens=sum(r.tokens for r in group),
         seconds=sum(r.batch_seconds for r in batches.values()),
         member_seconds=dict(member_seconds),

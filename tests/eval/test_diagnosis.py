@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ensemble_core.errors import ConfigError
-from ensemble_core.eval.config import build_config
+from ensemble_core.eval.config import ConfigurationSpec, EvalConfig, build_config
 from ensemble_core.eval.diagnosis import (
     ASSERTION,
     BETWEEN_WORDS,
@@ -31,6 +31,7 @@ from ensemble_core.eval.records import Record, RecordFile
 from ensemble_core.eval.report import summarise
 from ensemble_core.eval.runner import RECORDS_FILE, Evaluation
 from ensemble_core.eval.tasks import make_task
+from ensemble_core.eval.tasks.base import Item, Task
 
 
 def record(config: str, item: str, reply: str, *, correct: bool, detail: str = "", **changes) -> Record:
@@ -90,10 +91,10 @@ def test_a_reply_leaves_the_reference_between_words_or_inside_one() -> None:
     split = first_departure("Geners are iterables", "Generators are iterables")
     assert (split.offset, split.place, split.before) == (5, INSIDE_WORD, "Gener")
     # A reply that differs from its first character is judged against the prompt's end.
-    assert first_departure("o(x)", "rmat(x)", prompt_end="def f").inside_word
-    assert not first_departure("o(x)", "rmat(x)", prompt_end="def f(").inside_word
+    assert first_departure("o(x)", "rmat(x)", prompt_end="def f").place == INSIDE_WORD
+    assert first_departure("o(x)", "rmat(x)", prompt_end="def f(").place == BETWEEN_WORDS
     # Punctuation after a shared word: a different choice, not a split word.
-    assert not first_departure("sum(x)", "sum.x", prompt_end="").inside_word
+    assert first_departure("sum(x)", "sum.x", prompt_end="").place == BETWEEN_WORDS
     # A reply cut short is not a split word; the same reply scored differently says so.
     assert first_departure("    return su", "    return sum(x)\n").place == ONE_ENDS
     assert first_departure("    return x\n", "    return x\n").place == SAME_TEXT
@@ -115,9 +116,9 @@ def test_the_report_counts_failures_and_lists_each_problem_lost_to_the_best_memb
     [task_rows] = summarise(rows, members).values()
     gac = next(row for row in task_rows if row.config == "gac(a+b)")
     assert gac.failures == {RUNTIME_ERROR: 1, DOES_NOT_PARSE: 1}
-    assert [(lost.item, lost.failure, lost.departure.inside_word) for lost in gac.losses] == [
-        ("p0", RUNTIME_ERROR, False),
-        ("p1", DOES_NOT_PARSE, True),
+    assert [(lost.item, lost.failure, lost.departure.place) for lost in gac.losses] == [
+        ("p0", RUNTIME_ERROR, BETWEEN_WORDS),
+        ("p1", DOES_NOT_PARSE, INSIDE_WORD),
     ]
 
     from ensemble_core.eval.report import failure_table, render_losses
@@ -163,26 +164,27 @@ def smol_alone_on(out: Path, task: dict) -> tuple:
     return config, spec, checked, items
 
 
+def stored_reply(
+    config: EvalConfig, spec: ConfigurationSpec, task: Task, item: Item, reply: str, **changes: object
+) -> Record:
+    """A reply to `item` stored as wrong by `spec`, in a batch of two (`changes`: other fields)."""
+    held = record(spec.label(), item.id, reply, correct=False, fingerprint=config.fingerprint(spec), task=task.key)
+    return dataclasses.replace(held, prompt=item.prompt, answer=item.answer, batch_size=2, **changes)
+
+
 def test_rescoring_updates_stored_scores_and_keeps_everything_measured(tmp_path: Path) -> None:
     config, spec, task, items = smol_alone_on(tmp_path, {"task": "humaneval", "style": "raw", "problems": 2})
     stale = [
-        Record(
-            spec.label(),
-            config.fingerprint(spec),
-            task.key,
-            item.id,
-            False,
-            None,
-            "failed: (cut short)",
-            item.prompt,
+        stored_reply(
+            config,
+            spec,
+            task,
+            item,
             item.answer if k == 0 else "    return None\n",
-            item.answer,
-            "stop",
-            9,
-            0,
-            2,
-            3.5,
-            18,
+            detail="failed: (cut short)",
+            tokens=9,
+            batch_seconds=3.5,
+            batch_tokens=18,
             member_seconds={"smol": 3.0},
         )
         for k, item in enumerate(items)
@@ -211,25 +213,7 @@ def test_rescoring_option_choices_scores_the_stored_option_and_refuses_one_the_d
     config, spec, task, items = smol_alone_on(tmp_path, {"task": "arc_challenge", "style": "options", "problems": 2})
     chosen = [f" {items[0].answer}", next(o for o in items[1].options if o != f" {items[1].answer}")]  # " A"
     stored = [
-        Record(
-            spec.label(),
-            config.fingerprint(spec),
-            task.key,
-            item.id,
-            False,
-            None,
-            "",
-            item.prompt,
-            choice,
-            item.answer,
-            None,
-            0,
-            0,
-            2,
-            1.0,
-            0,
-            options=[0.25] * len(item.options),
-        )
+        stored_reply(config, spec, task, item, choice, finish_reason=None, tokens=0, options=[0.25] * len(item.options))
         for item, choice in zip(items, chosen, strict=True)
     ]
     RecordFile(tmp_path / RECORDS_FILE).append(stored)
