@@ -15,6 +15,7 @@ from ensemble_core.errors import ClosedError, ConfigError, ModelLoadError
 from ensemble_core.members.base import TokenizerMember
 from ensemble_core.members.hf_backend import HFBackend, cache_keyword, check_attention
 from ensemble_core.members.lanes import check_num_threads
+from ensemble_core.members.loaded import load_key, shared_model, shared_tokenizer
 from ensemble_core.members.session import DEFAULT_TAIL_TOKENS
 from ensemble_core.members.token_tree import Backend
 
@@ -173,6 +174,10 @@ class HFMember(TokenizerMember):
     ) -> HFMember:
         """Load a member from a packaged name, a Hugging Face Hub id or a local folder.
 
+        A model already loaded in this process with the same source, dtype, device and
+        `model_kwargs` (and still held by a member) is shared, not loaded again: two members of
+        one checkpoint cost one copy of its weights (see `ensemble_core.members.loaded`).
+
         Args:
             name_or_path: e.g. "qwen2.5-coder-0.5b-instruct" (packaged, see
                 `ensemble-llm models list`), "HuggingFaceTB/SmolLM2-135M-Instruct" or "./my-model".
@@ -198,16 +203,26 @@ class HFMember(TokenizerMember):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         options = {"attn_implementation": "sdpa", **dict(model_kwargs or {})}
-        try:
+
+        def load_tokenizer() -> Any:
             tokenizer = AutoTokenizer.from_pretrained(folder)
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **options)
+            if chat_template is not None:
+                tokenizer.chat_template = chat_template
+            return tokenizer
+
+        def load_model() -> torch.nn.Module:
+            return AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **options).to(target_device)
+
+        source = str(folder)
+        try:
+            # members loaded alike share one copy (members/loaded.py)
+            tokenizer = shared_tokenizer(load_key(source=source, chat_template=chat_template), load_tokenizer)
+            model_key = load_key(source=source, dtype=torch_dtype, device=target_device, options=options)
+            model = shared_model(model_key, load_model)
         except (OSError, ValueError, KeyError, ImportError) as error:
             raise ModelLoadError(
                 f"Could not load {name_or_path!r} as a Hugging Face causal LM: {error}\n"
                 "Pass a packaged name (see `ensemble-llm models list`), a local folder with config.json, "
                 "or a Hub id that is in your Hugging Face cache when offline."
             ) from error
-        if chat_template is not None:
-            tokenizer.chat_template = chat_template
-        model.to(target_device)
         return cls(model, tokenizer, member_name, num_threads=num_threads)
