@@ -28,7 +28,7 @@ def main() -> None:
         print(f"=== {name}  ({model_path(name)})")
         print(f"prompt: {prompt if isinstance(prompt, str) else prompt[-1]['content']}")
         result = None
-        for chunk in ensemble.stream(prompt, max_new_tokens=64):
+        for chunk in ensemble.stream(prompt, max_new_tokens=48):
             print(chunk.text, end="", flush=True)
             result = chunk.result or result
         if result is None:  # a stream always ends with a result; this only guards the printout

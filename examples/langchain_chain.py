@@ -24,7 +24,7 @@ MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 
 def main() -> None:
     hf_logging.disable_progress_bar()
-    llm = ChatEnsemble(models=MODELS, method="safe", method_params={"drafter": "qwen"}, max_tokens=64)
+    llm = ChatEnsemble(models=MODELS, method="safe", method_params={"drafter": "qwen"}, max_tokens=48)
     prompt = ChatPromptTemplate.from_messages(
         [("system", "You are a concise Python tutor."), ("human", "Explain {topic} in two sentences.")]
     )

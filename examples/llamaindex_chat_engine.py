@@ -36,7 +36,7 @@ def build_chat_engine(llm: EnsembleLLM, folder: Path = DOCUMENTS) -> BaseChatEng
 
 def main() -> None:
     hf_logging.disable_progress_bar()
-    llm = EnsembleLLM(models=MODELS, method="safe", method_params={"drafter": "qwen"}, max_new_tokens=48)
+    llm = EnsembleLLM(models=MODELS, method="safe", method_params={"drafter": "qwen"}, max_new_tokens=32)
     engine = build_chat_engine(llm)
     for message in ("When do skaters race on the Quillon river?", "And what does the winner get?"):
         print(f"User: {message}\nAssistant: ", end="")

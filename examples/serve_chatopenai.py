@@ -60,7 +60,7 @@ def main() -> None:
     try:
         root = f"http://127.0.0.1:{port}"
         wait_until_up(root, server)
-        llm = ChatOpenAI(base_url=f"{root}/v1", api_key=KEY, model="qwen-smol-safe", max_tokens=48, temperature=0)
+        llm = ChatOpenAI(base_url=f"{root}/v1", api_key=KEY, model="qwen-smol-safe", max_tokens=32, temperature=0)
         prompt = ChatPromptTemplate.from_messages(
             [("system", "You are a concise Python tutor."), ("human", "Explain {topic} in two sentences.")]
         )
@@ -73,7 +73,7 @@ def main() -> None:
         completion = OpenAI(base_url=f"{root}/v1", api_key=KEY).chat.completions.create(
             model="qwen-smol-safe",
             messages=[{"role": "user", "content": "Explain generators in two sentences."}],
-            max_tokens=48,
+            max_tokens=32,
         )
         report = completion.model_extra["ensemble"]
         print("=== the openai client, with the ensemble's report")

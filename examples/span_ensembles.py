@@ -14,5 +14,5 @@ members = [
     HFMember.from_pretrained(n) for n in ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
 ]
 for method in (SweetSpan(span_words=4), SpecFuse(segment_tokens=10), SpecFuse(hedge_eta=1.0)):
-    result = Ensemble(members, method=method).generate("Once upon a time,", max_new_tokens=32)
+    result = Ensemble(members, method=method).generate("Once upon a time,", max_new_tokens=20)
     print(method, result.text, [r.winner for r in result.stats.method_stats.per_round])

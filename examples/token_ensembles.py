@@ -16,5 +16,5 @@ gemma = HFMember.from_pretrained("gemma-3-270m")  # three tokenizer families
 
 prompt = "Once upon a time, in a small village,"
 for method in (GaC(), GaC(threshold=0.5, primary="qwen"), UniTE(top_k=10), SAFE(drafter="qwen")):
-    result = Ensemble([qwen, smol, gemma], method=method).generate(prompt, max_new_tokens=24)
+    result = Ensemble([qwen, smol, gemma], method=method).generate(prompt, max_new_tokens=16)
     print(method, result.text, result.stats.method_stats.share_ensembled)
