@@ -12,7 +12,7 @@ demo:
 test:
 	bash scripts/setup.sh --test
 	.venv/bin/ruff check core langchain_ensemble llamaindex_ensemble tests benchmarks examples scripts
-	.venv/bin/python -m pytest -q -n auto --dist loadgroup --durations=30
+	.venv/bin/python -m pytest -q -n auto --dist loadgroup --durations=25
 
 bench:
 	bash scripts/setup.sh

@@ -16,7 +16,7 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 import importlib.util
 import shutil
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ import torch
 from transformers import AutoTokenizer, GPT2Tokenizer, LlamaTokenizer
 from transformers.utils import logging as hf_logging
 
-from ensemble_core import HFMember
+from ensemble_core import Ensemble, HFMember
 from ensemble_core.packaged import cache_root, model_path
 
 hf_logging.disable_progress_bar()
@@ -107,14 +107,28 @@ def load_tokenizer(tokenizer_dirs: dict[str, Callable[[], object]]) -> Callable[
     return load
 
 
-_MEMBERS: dict[str, HFMember] = {}
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """The run's one local Ray cluster: 4 logical CPUs on this 2-core machine (tiny members ask
+    for half a CPU each, the adapters' and the README's members for one each, as users' do).
+    Tests that use it are in xdist group "ray", so one worker starts it, once."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
-def packaged_member(name: str) -> HFMember:
-    """A real packaged model (bf16), loaded once per test session."""
-    if name not in _MEMBERS:
-        _MEMBERS[name] = HFMember.from_pretrained(name, device="cpu")
-    return _MEMBERS[name]
+_MEMBERS: dict[tuple[str, str], HFMember] = {}
+
+
+def packaged_member(name: str, dtype: str = "auto") -> HFMember:
+    """A real packaged model (bf16, its own dtype; or float32), loaded once per worker. Held here
+    for the whole run, so every other load of it in this worker (adapters, examples, the eval
+    runner) shares these weights (members/loaded.py) instead of reading them again."""
+    if (name, dtype) not in _MEMBERS:
+        _MEMBERS[name, dtype] = HFMember.from_pretrained(name, device="cpu", dtype=dtype)
+    return _MEMBERS[name, dtype]
 
 
 def _tiny_config(arch: str, vocab_size: int) -> tuple[type, object]:
@@ -177,6 +191,18 @@ def tiny_member(load_tokenizer: Callable[[str], object]) -> Callable[[str], HFMe
     return make
 
 
+@pytest.fixture(scope="session")
+def tiny_chat_ensemble(tiny_member: Callable[[str], HFMember]) -> Ensemble:
+    """Two tiny models that never end a text (`reference.endless`), on Qwen's and SmolLM2's real
+    tokenizers and chat templates, under SAFE: for the adapters' mechanics (streaming, batching,
+    concurrency, cancelling, timeouts), which hold whatever the text says. SmolLM2's leads (at
+    equal weights the pair settles into a run of newlines; this writes words)."""
+    from reference import endless
+
+    members = [endless(tiny_member("tiny-qwen2")), endless(tiny_member("tiny-llama"))]
+    return Ensemble(members, method="safe", method_params={"drafter": "tiny-llama", "weights": [0.3, 0.7]})
+
+
 PACKAGED_NAMES = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
 
 
@@ -197,8 +223,9 @@ def packaged_union(packaged_members: list[HFMember]) -> object:
 @pytest.fixture(scope="session")
 def float32_members() -> list[HFMember]:
     """float32 copies of Qwen, SmolLM2 and Gemma, so an uncached reference forward agrees with
-    the cached one to ~1e-5 (bf16 results depend on the shape of the forward)."""
-    return [HFMember.from_pretrained(n, dtype="float32", device="cpu") for n in PACKAGED_NAMES]
+    the cached one to ~1e-5 (bf16 results depend on the shape of the forward). A test that needs
+    only some of them takes `packaged_member(name, "float32")`."""
+    return [packaged_member(n, "float32") for n in PACKAGED_NAMES]
 
 
 # ---------------------------------------------------------------------- toy tokenizers

@@ -1,7 +1,10 @@
 """LangChain's own standard test suites, run against a real packaged ensemble.
 
-Qwen2.5-Coder 0.5B + SmolLM2 135M under SAFE (Qwen drafts, both verify): two tokenizers,
-two chat templates (Qwen's renders tools, SmolLM2's does not), all on the CPU.
+Qwen2.5-Coder 0.5B + SmolLM2 135M: two tokenizers, two chat templates (Qwen's renders tools,
+SmolLM2's does not), all on the CPU. The unit suite (no generation) configures SAFE; the
+integration suite generates under the gate (GaC consulting SmolLM2 where Qwen is unsure),
+the cheapest ensemble that still combines both members: the adapter's path is the same for
+every method, and SAFE through the adapter runs in test_langchain_chat.py and the examples.
 """
 
 from __future__ import annotations
@@ -15,11 +18,9 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 
 from langchain_ensemble import ChatEnsemble
 
-ENSEMBLE = {
-    "models": ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"],
-    "method": "safe",
-    "method_params": {"drafter": "qwen"},
-}
+MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+ENSEMBLE = {"models": MODELS, "method": "safe", "method_params": {"drafter": "qwen"}}
+GATE = {"models": MODELS, "method": "gac", "method_params": {"threshold": 0.5, "primary": "qwen"}}
 
 
 class TestChatEnsembleUnit(ChatModelUnitTests):
@@ -53,6 +54,30 @@ class TestChatEnsembleUnit(ChatModelUnitTests):
         super().test_serdes(model, snapshot)
 
 
+# The integration tests that only need SOME reply (a message, chunks, usage, a stop, the round
+# trip of a history): a whole reply adds nothing to what they check, so they get a short one.
+# The rest (tool calls, structured output, JSON, agents) parse what the model writes and keep 40.
+SOME_REPLY_TESTS = {
+    "test_invoke",
+    "test_ainvoke",
+    "test_stream",
+    "test_astream",
+    "test_batch",
+    "test_abatch",
+    "test_conversation",
+    "test_double_messages_conversation",
+    "test_usage_metadata",
+    "test_usage_metadata_streaming",
+    "test_stop_sequence",
+    "test_message_with_name",
+    "test_stream_events_v3",
+    "test_astream_events_v3",
+    "test_tool_message_histories_string_content",
+    "test_tool_message_histories_list_content",
+    "test_tool_message_error_status",
+}
+
+
 class TestChatEnsembleIntegration(ChatModelIntegrationTests):
     @property
     def chat_model_class(self) -> type[ChatEnsemble]:
@@ -60,7 +85,14 @@ class TestChatEnsembleIntegration(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {**ENSEMBLE, "max_tokens": 40}
+        return {**GATE, "max_tokens": 40}
+
+    @pytest.fixture
+    def model(self, request: pytest.FixtureRequest) -> BaseChatModel:
+        """The suite's own fixture, with `max_tokens` 12 for the tests in `SOME_REPLY_TESTS`."""
+        extra = getattr(request, "param", None) or {}
+        short = {"max_tokens": 12} if request.node.originalname in SOME_REPLY_TESTS else {}
+        return ChatEnsemble(**{**self.standard_chat_model_params, **self.chat_model_params, **short, **extra})
 
     @property
     def supports_json_mode(self) -> bool:

@@ -1,10 +1,9 @@
 """Members hosted by Ray actors: the same text as local members, clear failure, nothing left behind.
 
-A local Ray cluster is started by the module with 4 logical CPUs on this 2-core machine (the two
-tiny members ask for half a CPU each and stay up for the module; the adapters' members ask for
-one each, as users' do); every actor runs one torch thread. The models are the tiny random-weight ones
-(saved to a folder, so the actor loads exactly the weights the local copy has) and one real
-packaged model.
+They run on the test run's one local Ray cluster (`ray_cluster` in conftest.py; the two tiny members
+ask for half a CPU each and stay up for the module); every actor runs one torch thread. The models
+are the tiny random-weight ones (saved to a folder, so the actor loads exactly the weights the local
+copy has) and one real packaged model.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from conftest import packaged_member
 from test_requests import METHODS
 from test_wire import spelling_more
 
@@ -24,17 +24,10 @@ from ensemble_core.members.contract import Continuations
 from ensemble_core.members.ray_member import MemberFailedError, RaySession, WireTraffic
 from ensemble_core.methods.choice import greedy_choice
 
-# One local Ray cluster for the module: under pytest-xdist its tests stay on one worker.
+# Under pytest-xdist every test on the Ray cluster stays on the one worker that started it.
 pytestmark = pytest.mark.xdist_group("ray")
 
 PROMPTS = ["The river", "A much longer prompt about mountains, valleys and"]
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +44,7 @@ def tiny_folders(tiny_member, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 
 @pytest.fixture(scope="module")
-def hosted(local_ray, tiny_folders) -> Iterator[list[RayMember]]:
+def hosted(ray_cluster, tiny_folders) -> Iterator[list[RayMember]]:
     members = [
         RayMember.from_pretrained(str(tiny_folders[n]), name=n, dtype="float32", num_cpus=0.5) for n in tiny_folders
     ]
@@ -93,8 +86,9 @@ def test_streamed_text_and_member_reports_match_local_members(hosted, local) -> 
     assert result.usage.prompt_tokens == alone.usage.prompt_tokens
 
 
-def test_a_member_on_a_real_model_matches_the_local_one(local_ray, float32_members) -> None:
-    qwen, smollm = float32_members[0], float32_members[1]
+def test_a_member_on_a_real_model_matches_the_local_one(ray_cluster) -> None:
+    qwen = packaged_member("qwen2.5-coder-0.5b-instruct", "float32")
+    smollm = packaged_member("smollm2-135m-instruct", "float32")
     hosted = RayMember.from_pretrained("smollm2-135m-instruct", dtype="float32", num_cpus=0.5)
     try:
         assert hosted.name == smollm.name and hosted.vocab.width == smollm.vocab.width
@@ -106,8 +100,8 @@ def test_a_member_on_a_real_model_matches_the_local_one(local_ray, float32_membe
         assert over_ray_score.logprob == pytest.approx(local_score.logprob, rel=1e-5)
         question = [{"role": "user", "content": "Write a Python function that reverses a string."}]
         hosted.traffic = WireTraffic()
-        over_ray = Ensemble([qwen, hosted], method="gac").generate(question, max_new_tokens=24)
-        in_process = Ensemble([qwen, smollm], method="gac").generate(question, max_new_tokens=24)
+        over_ray = Ensemble([qwen, hosted], method="gac").generate(question, max_new_tokens=12)
+        in_process = Ensemble([qwen, smollm], method="gac").generate(question, max_new_tokens=12)
         assert over_ray.text == in_process.text
         stats = over_ray.stats.method_stats
         assert hosted.traffic.kinds["about:dense"] == stats.ensembled_steps - stats.shortcut_steps
@@ -218,7 +212,7 @@ def test_a_dead_actor_fails_the_generation_naming_the_member_and_restart_recover
     assert again == Ensemble(local, method="gac").generate(PROMPTS[1], max_new_tokens=12).text
 
 
-def test_closing_the_ensemble_leaves_no_actor_behind(local_ray, tiny_folders) -> None:
+def test_closing_the_ensemble_leaves_no_actor_behind(ray_cluster, tiny_folders) -> None:
     ours = _our_actors
     before = ours()
     members = [RayMember.from_pretrained(str(tiny_folders["tiny-llama"]), name=n, num_cpus=0.5) for n in ("x", "y")]
@@ -247,7 +241,7 @@ def test_bad_input_fails_before_an_actor_starts_and_a_bad_model_names_itself(hos
         RayMember.from_pretrained("smollm2-135m-instruct", num_cpus=4, start_timeout=2)
 
 
-def test_adapters_put_their_members_on_ray_with_one_argument(local_ray, tiny_folders, local) -> None:
+def test_adapters_put_their_members_on_ray_with_one_argument(ray_cluster, tiny_folders, local) -> None:
     from llama_index.core.llms import ChatMessage
 
     from ensemble_core.loading import loaded_specs, release_shared

@@ -33,8 +33,8 @@ def test_greedy_single_equals_hf_generate_token_for_token(name: str, prompt_inde
     member = packaged_member(name)
     prompt = prompts_for(name)[prompt_index]
     ensemble = Ensemble([member], method=Single(), boundary="retokenize")
-    result = ensemble.generate(prompt, max_new_tokens=40)
-    expected = hf_greedy_generate(member, member.render(prompt).ids, 40)
+    result = ensemble.generate(prompt, max_new_tokens=24)
+    expected = hf_greedy_generate(member, member.render(prompt).ids, 24)
     ours = result.token_ids[member.name]
     if result.finish_reason == "eos":
         ours = [*ours, expected[len(ours)]]
@@ -42,9 +42,9 @@ def test_greedy_single_equals_hf_generate_token_for_token(name: str, prompt_inde
     assert ours == expected
     assert result.usage.completion_tokens == len(expected)
     if prompt_index == 0:  # streaming shares the decode loop: one prompt per model shows it
-        streamed = list(ensemble.stream(prompt, max_new_tokens=40))
+        streamed = list(ensemble.stream(prompt, max_new_tokens=24))
         assert "".join(c.text for c in streamed) == result.text
         assert streamed[-1].result is not None and streamed[-1].result.token_ids == result.token_ids
     if not isinstance(prompt, str):  # a chat prompt ends at its template: nothing to re-read
-        corrected = Ensemble([member], method=Single()).generate(prompt, max_new_tokens=40)
+        corrected = Ensemble([member], method=Single()).generate(prompt, max_new_tokens=24)
         assert corrected.token_ids == result.token_ids

@@ -39,16 +39,16 @@ def test_a_member_that_always_wins_gives_its_own_greedy_output(float32_members) 
     """float32: in bf16 a forward whose cache holds other members' scored candidates (masked)
     rounds differently from the plain one-token forward of a model alone."""
     members = float32_members
-    alone = Ensemble(members, method=Single(member=GEMMA)).generate(PROMPTS[0], max_new_tokens=40)
-    forced = Ensemble(members, method=AlwaysGemma(exit=False)).generate(PROMPTS[0], max_new_tokens=40)
+    alone = Ensemble(members, method=Single(member=GEMMA)).generate(PROMPTS[0], max_new_tokens=24)
+    forced = Ensemble(members, method=AlwaysGemma(exit=False)).generate(PROMPTS[0], max_new_tokens=24)
     assert forced.token_ids[GEMMA] == alone.token_ids[GEMMA]
     assert forced.text == alone.text
 
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["qwen2", "llama", "gemma3"])
-def test_one_forward_scores_equal_fresh_forwards_per_candidate(index: int, float32_members) -> None:
+def test_one_forward_scores_equal_fresh_forwards_per_candidate(index: int) -> None:
     """float32, atol 5e-4 on log-probabilities, on the three packaged architectures."""
-    member = float32_members[index]
+    member = packaged_member((QWEN, SMOL, GEMMA)[index], "float32")
     prompt = member.render("The old lighthouse keeper looked at the sea and")
     request = RequestId(1)
     session = member.start({request: prompt}, Boundary.RETOKENIZE)
@@ -66,7 +66,7 @@ def test_one_forward_scores_equal_fresh_forwards_per_candidate(index: int, float
 def test_three_families_greedy_sampled_stop_and_non_ascii(method) -> None:
     members = [packaged_member(n) for n in (QWEN, SMOL, GEMMA)]
     ensemble = Ensemble(members, method=method)
-    greedy = ensemble.generate(CJK_PROMPT, max_new_tokens=24)
+    greedy = ensemble.generate(CJK_PROMPT, max_new_tokens=16)
     data = greedy.data
     data[: len(data) - incomplete_utf8_suffix(data)].decode("utf-8")  # strict: nothing garbled
     assert any(ord(ch) > 0x2E80 for ch in greedy.text), greedy.text
@@ -74,11 +74,11 @@ def test_three_families_greedy_sampled_stop_and_non_ascii(method) -> None:
         assert member.table.spell(greedy.token_ids[member.name]) == data
     rounds = greedy.stats.method_stats.per_round
     assert rounds and all(r.winner for r in rounds)
-    sampled = [ensemble.generate(CJK_PROMPT, max_new_tokens=16, temperature=0.7, seed=3) for _ in range(2)]
+    sampled = [ensemble.generate(CJK_PROMPT, max_new_tokens=10, temperature=0.7, seed=3) for _ in range(2)]
     assert sampled[0].text == sampled[1].text
     # A draft ends at a stop string, so a candidate holding one is scored shorter and the
     # winner can differ from the run without it: what must hold is the stop itself.
-    stopped = ensemble.generate(CJK_PROMPT, max_new_tokens=24, stop=["\n", "朋友"])
+    stopped = ensemble.generate(CJK_PROMPT, max_new_tokens=16, stop=["\n", "朋友"])
     assert stopped.finish_reason == "stop"
     assert "\n" not in stopped.text and "朋友" not in stopped.text
     assert stopped.text.strip()

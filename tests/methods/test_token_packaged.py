@@ -22,13 +22,14 @@ def twin(member: HFMember) -> HFMember:
     return HFMember(member.model, member.tokenizer, name=member.name + "-twin")
 
 
-@pytest.mark.parametrize("names", [(QWEN, SMOL), (QWEN, GEMMA)], ids=["qwen+smol", "qwen+gemma"])
-def test_one_sided_weights_reproduce_that_member_exactly(names) -> None:
+def test_one_sided_weights_reproduce_that_member_exactly() -> None:
+    """Byte-level BPE beside SentencePiece: each member alone at weight 1 writes its own text."""
+    names = (QWEN, GEMMA)
     members = [packaged_member(n) for n in names]
     prompt = RAW_PROMPTS[0]
     for weights, follow in (((1, 0), 0), ((0, 1), 1)):
-        alone = Ensemble(members, method=Single(member=names[follow])).generate(prompt, max_new_tokens=32)
-        result = Ensemble(members, method=GaC(weights=weights)).generate(prompt, max_new_tokens=32)
+        alone = Ensemble(members, method=Single(member=names[follow])).generate(prompt, max_new_tokens=20)
+        result = Ensemble(members, method=GaC(weights=weights)).generate(prompt, max_new_tokens=20)
         assert result.token_ids[names[follow]] == alone.token_ids[names[follow]], weights
         assert result.text == alone.text
 
@@ -36,7 +37,7 @@ def test_one_sided_weights_reproduce_that_member_exactly(names) -> None:
 def test_the_gate_consults_the_others_only_when_the_primary_is_unsure() -> None:
     members = [packaged_member(n) for n in (QWEN, SMOL, GEMMA)]
     prompt = RAW_PROMPTS[0]
-    result = Ensemble(members, method=GaC(threshold=0.5, primary="qwen")).generate(prompt, max_new_tokens=32)
+    result = Ensemble(members, method=GaC(threshold=0.5, primary="qwen")).generate(prompt, max_new_tokens=20)
     stats = result.stats.method_stats
     assert 0 < stats.ensembled_steps < stats.steps
     for name in (SMOL, GEMMA):
@@ -57,7 +58,7 @@ def test_safe_skips_lose_nothing_and_where_drafts_end_changes_nothing(float32_me
     base = {"drafter": "qwen", "sharpen": None}
     texts = {
         (skip, confident): Ensemble(members, method=SAFE(skip_tests=skip, confident_drafts=confident, **base))
-        .generate(prompt, max_new_tokens=24)
+        .generate(prompt, max_new_tokens=16)
         .text
         for skip, confident in ((True, 0.5), (True, None), (False, 0.5))
     }
@@ -70,17 +71,17 @@ def test_safe_skips_lose_nothing_and_where_drafts_end_changes_nothing(float32_me
 def test_three_tokenizer_families_greedy_sampled_stop_and_non_ascii(method) -> None:
     members = [packaged_member(n) for n in (QWEN, SMOL, GEMMA)]
     ensemble = Ensemble(members, method=method)
-    greedy = ensemble.generate(CJK_PROMPT, max_new_tokens=24)
+    greedy = ensemble.generate(CJK_PROMPT, max_new_tokens=16)
     data = greedy.data
     complete = data[: len(data) - incomplete_utf8_suffix(data)]
     complete.decode("utf-8")  # strict: no garbled bytes anywhere
     assert any(ord(ch) > 0x2E80 for ch in greedy.text), greedy.text  # it did write CJK
     for member in members:  # every member's own ids spell exactly the committed text
         assert member.table.spell(greedy.token_ids[member.name]) == data
-    sampled = [ensemble.generate(CJK_PROMPT, max_new_tokens=16, temperature=0.8, top_p=0.95, seed=5) for _ in range(2)]
+    sampled = [ensemble.generate(CJK_PROMPT, max_new_tokens=8, temperature=0.8, top_p=0.95, seed=5) for _ in range(2)]
     assert sampled[0].text == sampled[1].text
     stop = next(w for w in greedy.text.split() if len(w) >= 3)[1:3]
-    stopped = ensemble.generate(CJK_PROMPT, max_new_tokens=24, stop=[stop])
+    stopped = ensemble.generate(CJK_PROMPT, max_new_tokens=16, stop=[stop])
     assert stopped.finish_reason == "stop"
     assert stopped.text == greedy.text[: greedy.text.index(stop)]
 

@@ -18,6 +18,7 @@ never would (a trained model writes what its tokenizer writes, so the real one i
 from __future__ import annotations
 
 import pytest
+from conftest import packaged_member
 
 from ensemble_core import Ensemble, HFMember
 from ensemble_core.methods import SAFE, Contrastive, GaC, Single, SpecFuse, SweetSpan, UniTE
@@ -62,10 +63,10 @@ def test_tiny_twins_equal_the_model_alone(arch: str, name: str, tiny_member) -> 
 
 @pytest.mark.packaged
 @pytest.mark.parametrize("name", list(METHODS))
-def test_smollm2_twins_equal_smollm2_alone(name: str, float32_members) -> None:
-    smol = float32_members[1]
-    assert_twins_equal_alone(smol, METHODS[name], "correct", "The capital of France is", 32)
+def test_smollm2_twins_equal_smollm2_alone(name: str) -> None:
+    smol = packaged_member("smollm2-135m-instruct", "float32")
+    assert_twins_equal_alone(smol, METHODS[name], "correct", "The capital of France is", 20)
     if name.startswith("safe"):
-        assert_twins_equal_alone(smol, METHODS[name], "retokenize", "The capital of France is", 32)
+        assert_twins_equal_alone(smol, METHODS[name], "retokenize", "The capital of France is", 20)
         chat = [{"role": "user", "content": "Write a haiku about the sea."}]
-        assert_twins_equal_alone(smol, METHODS[name], "correct", chat, 24)
+        assert_twins_equal_alone(smol, METHODS[name], "correct", chat, 16)
