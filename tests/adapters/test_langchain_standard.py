@@ -99,8 +99,9 @@ class TestChatEnsembleIntegration(ChatModelIntegrationTests):
         return True
 
     @pytest.mark.xfail(
-        reason="json_mode gives no schema; greedy Qwen2.5-Coder 0.5B + SmolLM2 135M loop on 'A cat is a cat, ...' "
-        "inside the setup and run out of tokens before the punchline (json_schema works: test_structured_output)",
+        reason="json_mode gives no schema and nothing constrains the reply: whether the pair closes the object "
+        "within 40 tokens depends on bf16 rounding (under the gate it does on the AVX-512 machine; under SAFE "
+        "it looped on 'A cat is a cat, ...'); json_schema works: test_structured_output",
         strict=False,
     )
     def test_json_mode(self, model: BaseChatModel) -> None:
