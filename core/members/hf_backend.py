@@ -20,6 +20,7 @@ import inspect
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -29,6 +30,7 @@ from ensemble_core.members.token_tree import Backend, Node, TokenTree
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
 _FULL, _SLIDING = "full_attention", "sliding_attention"
 _COMPACT_MIN_DEAD = 64
+_FIRST_CAPACITY = 256  # columns the bookkeeping arrays start with (they double when full)
 
 
 def attention_windows(config) -> dict[str, int | None]:
@@ -71,6 +73,14 @@ def check_attention(model: torch.nn.Module) -> None:
 class HFBackend(Backend):
     """A Hugging Face causal LM with one KV cache for a batch of tries.
 
+    Bookkeeping (which node sits in which column, at what depth, on which row's history) is host
+    data in numpy arrays grown by doubling: nothing of it is a device read, and a step touches
+    only the columns it adds, releases or moves onto or off a history. A single row extending
+    its own history with every earlier column live and in order needs no mask at all (the
+    model's own causal attention is exactly right, as in `generate`); that is checked
+    incrementally, from the first column not yet verified. Other forwards get a 4-D mask built
+    here with numpy and copied to the model's device once.
+
     Args:
         model: the causal LM (any architecture with a `DynamicCache`).
         pad_token_id: the id placed in padding columns (never attended to).
@@ -88,32 +98,44 @@ class HFBackend(Backend):
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._cache_argument = cache_keyword(model)
         self._cache = DynamicCache()
-        # Bookkeeping lives on the CPU (small, and touched entry by entry); the mask built from
-        # it moves to the model's device once per forward.
-        # per row and column: the depth of the row's node there, -1 where the row has none
-        self._depth = torch.zeros((0, 0), dtype=torch.long)
-        # per row and column: the node there is on the row's history chain
-        self._history = torch.zeros((0, 0), dtype=torch.bool)
+        self._timer = ForwardTimer(self._device)
         self._tree: TokenTree | None = None
+        self._reset(0)
+
+    def _reset(self, rows: int) -> None:
+        # per row and column: the depth of the row's node there, -1 where the row has none...
+        self._depth = np.full((rows, _FIRST_CAPACITY), -1, dtype=np.int64)
+        # ...and whether that node is on the row's history chain
+        self._history = np.zeros((rows, _FIRST_CAPACITY), dtype=bool)
+        self._columns = 0
+        self._forget_checks()
+
+    def _forget_checks(self) -> None:
+        self._clean = 0  # leading columns of row 0 known to be its history in order, all live
+        self._bad: int | None = None  # a column known to break that (none known)
+
+    def _touched(self, column: int) -> None:
+        """A column's node, depth or history flag changed: the plain-forward check redoes it."""
+        self._clean = min(self._clean, column)
+        if self._bad is not None and column <= self._bad:
+            self._bad = None
 
     @property
     def columns(self) -> int:
-        return self._depth.shape[1]
+        return self._columns
 
     # ------------------------------------------------------------------ bookkeeping hooks
 
     def history_changed(self, row_index: int, added: Sequence[Node], removed: Sequence[Node]) -> None:
-        for node in removed:
-            if node.evaluated:
-                self._history[row_index, node.slot] = False
-        for node in added:
-            if node.evaluated:
-                self._history[row_index, node.slot] = True
+        for nodes, on in ((removed, False), (added, True)):
+            for node in nodes:
+                if node.evaluated:
+                    self._history[row_index, node.slot] = on
+                    self._touched(node.slot)
 
     def bind(self, tree: TokenTree) -> None:
         self._tree = tree
-        self._depth = torch.zeros((len(tree.rows), 0), dtype=torch.long)
-        self._history = torch.zeros((len(tree.rows), 0), dtype=torch.bool)
+        self._reset(len(tree.rows))
 
     def release(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
@@ -121,25 +143,27 @@ class HFBackend(Backend):
                 index = self._tree.row_index(node.row.key)
                 self._depth[index, node.slot] = -1
                 self._history[index, node.slot] = False
+                self._touched(node.slot)
             node.slot = -1
 
     def drop_rows(self, keep: Sequence[int]) -> None:
         if not keep:  # nothing left: start the next admitted rows on an empty cache
             self._cache = DynamicCache()
-            self._depth = torch.zeros((0, 0), dtype=torch.long)
-            self._history = torch.zeros((0, 0), dtype=torch.bool)
+            self._reset(0)
             return
-        index = torch.tensor(list(keep), dtype=torch.long)
         if self.columns and self._cache.layers:
-            self._cache.batch_select_indices(index.to(self._device))
-        self._depth = self._depth[index]
-        self._history = self._history[index]
+            _select_rows(self._cache, list(keep))
+        self._depth = self._depth[list(keep)]
+        self._history = self._history[list(keep)]
+        self._forget_checks()
 
     def add_rows(self, count: int) -> None:
         """New rows see none of the existing columns (depth -1), and their cache entries there
         are zeros that no mask ever lets them attend to; their prompts get fresh columns."""
-        self._depth = torch.cat([self._depth, torch.full((count, self.columns), -1, dtype=torch.long)])
-        self._history = torch.cat([self._history, torch.zeros((count, self.columns), dtype=torch.bool)])
+        capacity = self._depth.shape[1]
+        self._depth = np.concatenate([self._depth, np.full((count, capacity), -1, dtype=np.int64)])
+        self._history = np.concatenate([self._history, np.zeros((count, capacity), dtype=bool)])
+        self._forget_checks()
         if not (self.columns and self._cache.layers):
             return
         for layer in self._cache.layers:
@@ -158,46 +182,59 @@ class HFBackend(Backend):
                 if node.evaluated:
                     self._depth[index, node.slot] = -1
                     self._history[index, node.slot] = False
+                    self._touched(node.slot)
                     node.slot = -1
         self._compact_if_sparse(tree)
         width = max(len(nodes) for nodes in pending.values())
         start = self.columns
         rows = len(tree.rows)
-        input_ids = torch.full((rows, width), self._pad, dtype=torch.long)
-        positions = torch.zeros((rows, width), dtype=torch.long)
+        input_ids = np.full((rows, width), self._pad, dtype=np.int64)
+        positions = np.zeros((rows, width), dtype=np.int64)
         self._grow(width)
         for index, nodes in pending.items():
+            row = tree.rows[index]
             for j, node in enumerate(nodes):
                 node.slot = start + j
                 input_ids[index, j] = node.token
                 positions[index, j] = node.depth
                 self._depth[index, node.slot] = node.depth
-                if node.depth < len(node.row.history) and node.row.history[node.depth] is node:
-                    self._history[index, node.slot] = True
+                self._history[index, node.slot] = row.on_history(node)
         masks = None if self._plain(tree, pending, start) else self._masks(tree, pending, start, width, positions)
         keep_columns, owners = self._logit_columns(pending, start)
-        logits = self._run(input_ids.to(self._device), positions.to(self._device), masks, keep_columns)
-        for node, (row, column) in owners.items():
-            node.logits = logits[row, column].clone()
+        logits = self._run(self._on_device(input_ids), self._on_device(positions), masks, keep_columns)
+        for node, (row_index, column) in owners.items():
+            node.logits = logits[row_index, column].clone()
             node._lse = None
 
+    def _on_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self._device, non_blocking=True)
+
     def _grow(self, width: int) -> None:
-        rows = self._depth.shape[0]
-        self._depth = torch.cat([self._depth, torch.full((rows, width), -1, dtype=torch.long)], dim=1)
-        self._history = torch.cat([self._history, torch.zeros((rows, width), dtype=torch.bool)], dim=1)
+        """`width` more columns (the arrays double when full, so growing is amortised O(1))."""
+        needed = self._columns + width
+        capacity = self._depth.shape[1]
+        if needed > capacity:
+            bigger = max(2 * capacity, needed)
+            rows = self._depth.shape[0]
+            depth = np.full((rows, bigger), -1, dtype=np.int64)
+            history = np.zeros((rows, bigger), dtype=bool)
+            depth[:, :capacity] = self._depth
+            history[:, :capacity] = self._history
+            self._depth, self._history = depth, history
+        self._columns = needed
 
     def _masks(
-        self, tree: TokenTree, pending: dict[int, list[Node]], start: int, width: int, positions: torch.Tensor
+        self, tree: TokenTree, pending: dict[int, list[Node]], start: int, width: int, positions: np.ndarray
     ) -> torch.Tensor | dict[str, torch.Tensor]:
-        """Per layer type, the additive 4-D mask [rows, 1, width, columns]."""
+        """Per layer type, the 4-D mask [rows, 1, width, columns] (boolean for sdpa, additive for eager)."""
         rows, columns = len(tree.rows), self.columns
-        allowed = torch.zeros((rows, width, columns), dtype=torch.bool)
+        depth, history = self._depth[:, :columns], self._history[:, :columns]
+        allowed = np.zeros((rows, width, columns), dtype=bool)
         for index in range(rows):  # padding queries see themselves (their output is never used)
-            used = len(pending.get(index, ()))
-            pads = torch.arange(used, width)
+            pads = np.arange(len(pending.get(index, ())), width)
             allowed[index, pads, start + pads] = True
         for index, nodes in pending.items():
-            attach = torch.empty(len(nodes), dtype=torch.long)
+            attach = np.empty(len(nodes), dtype=np.int64)
             extra_q: list[int] = []
             extra_k: list[int] = []
             for j, node in enumerate(nodes):
@@ -206,51 +243,55 @@ class HFBackend(Backend):
                 for ancestor in chain:
                     extra_q.append(j)
                     extra_k.append(ancestor.slot)
-            depth, history = self._depth[index], self._history[index]
-            block = history[None, :] & (depth[None, :] <= attach[:, None])
+            block = history[index][None, :] & (depth[index][None, :] <= attach[:, None])
             if extra_q:
-                block[torch.tensor(extra_q), torch.tensor(extra_k)] = True
+                block[extra_q, extra_k] = True
             allowed[index, : len(nodes)] = block
-        query_depth = positions[:, :, None]
-        key_depth = self._depth[:, None, :]
         masks: dict[str, torch.Tensor] = {}
         for kind, window in self._windows.items():
-            kept = allowed if window is None else allowed & ((query_depth - key_depth) < window)
+            kept = allowed if window is None else allowed & ((positions[:, :, None] - depth[:, None, :]) < window)
+            on_device = torch.from_numpy(kept[:, None]).to(self._device, non_blocking=True)
             if self._boolean_masks:
-                masks[kind] = kept[:, None].to(self._device)
+                masks[kind] = on_device
             else:
-                additive = torch.zeros(kept.shape, dtype=self._dtype)
-                additive.masked_fill_(~kept, torch.finfo(self._dtype).min)
-                masks[kind] = additive[:, None].to(self._device)
+                additive = torch.zeros(on_device.shape, dtype=self._dtype, device=self._device)
+                masks[kind] = additive.masked_fill_(~on_device, torch.finfo(self._dtype).min)
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
     def _plain(self, tree: TokenTree, pending: dict[int, list[Node]], start: int) -> bool:
         """One row extending its own history with every earlier column live and in order: the
-        model's own causal masks are exactly right (and give exactly what `generate` computes)."""
+        model's own causal masks are exactly right (and give exactly what `generate` computes).
+        Columns already verified are not looked at again (see `_touched`)."""
         if len(tree.rows) != 1 or 0 not in pending:
             return False
-        nodes = pending[0]
-        history = tree.rows[0].history
-        if any(
-            n.depth != start + j or n.depth >= len(history) or history[n.depth] is not n for j, n in enumerate(nodes)
-        ):
+        row = tree.rows[0]
+        if any(n.depth != start + j or not row.on_history(n) for j, n in enumerate(pending[0])):
             return False
-        return bool((self._depth[0, :start] == torch.arange(start)).all()) and bool(self._history[0, :start].all())
+        if self._bad is not None and self._bad < start:
+            return False
+        if self._clean < start:
+            depth, history = self._depth[0, self._clean : start], self._history[0, self._clean : start]
+            wrong = np.flatnonzero((depth != np.arange(self._clean, start)) | ~history)
+            if len(wrong):
+                self._clean = self._bad = self._clean + int(wrong[0])
+                return False
+            self._clean = start
+        return True
 
     @staticmethod
     def _off_history_chain(node: Node) -> tuple[list[Node], int]:
         """The node's ancestors (itself included) that are not on its row's history, and the depth
         of the history node they hang from (the node's own depth when it is on the history)."""
-        history = node.row.history
+        row = node.row
         chain: list[Node] = []
         current: Node | None = node
-        while current is not None and not (current.depth < len(history) and history[current.depth] is current):
+        while current is not None and not row.on_history(current):
             chain.append(current)
             current = current.parent
         return chain, (current.depth if current is not None else -1)
 
     @staticmethod
-    def _logit_columns(pending: dict[int, list[Node]], start: int) -> tuple[torch.Tensor, dict[Node, tuple[int, int]]]:
+    def _logit_columns(pending: dict[int, list[Node]], start: int) -> tuple[list[int], dict[Node, tuple[int, int]]]:
         wanted_columns = sorted({node.slot - start for nodes in pending.values() for node in nodes if node.wanted})
         position = {column: k for k, column in enumerate(wanted_columns)}
         owners = {
@@ -259,30 +300,31 @@ class HFBackend(Backend):
             for node in nodes
             if node.wanted
         }
-        return torch.tensor(wanted_columns, dtype=torch.long), owners
+        return wanted_columns, owners
 
     def _run(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         masks: torch.Tensor | dict[str, torch.Tensor] | None,
-        keep_columns: torch.Tensor,
+        keep_columns: list[int],
     ) -> torch.Tensor:
         kwargs: dict[str, object] = {self._cache_argument: self._cache}
+        columns = torch.tensor(keep_columns, dtype=torch.long).to(self._device, non_blocking=True)
         if self._takes_logits_to_keep:
-            kwargs["logits_to_keep"] = keep_columns.to(self._device) if len(keep_columns) else 1
-        started = time.perf_counter()
+            kwargs["logits_to_keep"] = columns if keep_columns else 1
+        timing = self._timer.start()
         with torch.inference_mode():
             output = self._model(
                 input_ids=input_ids, attention_mask=masks, position_ids=positions, use_cache=True, **kwargs
             )
         if self._tree is not None:
             self._tree.stats.forwards += 1
-            self._tree.stats.tokens += int(input_ids.numel())
-            self._tree.stats.seconds += time.perf_counter() - started
+            self._tree.stats.tokens += int(input_ids.shape[0] * input_ids.shape[1])
+            self._tree.stats.add_time(self._timer.stop(timing))
         logits = output.logits
-        if not self._takes_logits_to_keep and len(keep_columns):
-            logits = logits[:, keep_columns.to(logits.device)]
+        if not self._takes_logits_to_keep and keep_columns:
+            logits = logits[:, columns.to(logits.device)]
         return logits
 
     # ------------------------------------------------------------------ compaction
@@ -291,24 +333,63 @@ class HFBackend(Backend):
         """Squeeze dead columns out of the cache when they make up most of it."""
         if not self.columns:
             return
-        live_per_row = (self._depth >= 0).sum(dim=1)
-        longest = int(live_per_row.max())
+        depth = self._depth[:, : self.columns]
+        longest = int((depth >= 0).sum(axis=1).max())
         dead = self.columns - longest
         if dead < max(_COMPACT_MIN_DEAD, self.columns // 2):
             return
-        order = torch.sort((self._depth < 0).to(torch.int8), dim=1, stable=True).indices[:, :longest]
-        on_device = order.to(self._device)
+        order = np.argsort(depth < 0, axis=1, kind="stable")[:, :longest]
         for layer in self._cache.layers:
+            on_device = torch.from_numpy(order).to(layer.keys.device)
             index = on_device[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = torch.gather(layer.keys, 2, index)
             layer.values = torch.gather(layer.values, 2, index)
-        new_column = torch.full_like(self._depth, -1)
-        new_column.scatter_(1, order, torch.arange(longest).expand(len(order), -1).contiguous())
-        self._depth = torch.gather(self._depth, 1, order)
-        self._history = torch.gather(self._history, 1, order)
+        new_column = np.full(depth.shape, -1, dtype=np.int64)
+        np.put_along_axis(new_column, order, np.arange(longest)[None, :].repeat(len(order), axis=0), axis=1)
+        capacity = self._depth.shape[1]
+        compacted_depth = np.full((len(order), capacity), -1, dtype=np.int64)
+        compacted_history = np.zeros((len(order), capacity), dtype=bool)
+        compacted_depth[:, :longest] = np.take_along_axis(depth, order, axis=1)
+        compacted_history[:, :longest] = np.take_along_axis(self._history[:, : self.columns], order, axis=1)
+        self._depth, self._history, self._columns = compacted_depth, compacted_history, longest
+        self._forget_checks()
         for index, row in enumerate(tree.rows):
             for node in _evaluated_nodes(row):
                 node.slot = int(new_column[index, node.slot])
+
+
+class ForwardTimer:
+    """The model's own time per forward. On CUDA, kernels run after the call returns, so a host
+    clock would time only their launch: each forward is bracketed by two CUDA events instead,
+    and their times are read when the totals are (`EvaluationStats.seconds`), once per
+    generation rather than once per forward."""
+
+    def __init__(self, device: torch.device):
+        self._cuda = device.type == "cuda"
+
+    def start(self) -> object:
+        if not self._cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, started: object) -> float | tuple[object, object]:
+        """Seconds (host clock), or the (start, end) event pair to read later."""
+        if not self._cuda:
+            return time.perf_counter() - started  # type: ignore[operator]
+        ended = torch.cuda.Event(enable_timing=True)
+        ended.record()
+        return started, ended
+
+
+def _select_rows(cache: DynamicCache, keep: list[int]) -> None:
+    """Keep these batch rows of every layer, each indexed on its own device (a model split over
+    devices with `device_map` keeps each layer's cache where the layer is)."""
+    for layer in cache.layers:
+        held = getattr(layer, "keys", None)
+        device = held.device if isinstance(held, torch.Tensor) else torch.device("cpu")
+        layer.batch_select_indices(torch.tensor(keep, dtype=torch.long, device=device))
 
 
 def _evaluated_nodes(row) -> list[Node]:

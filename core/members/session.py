@@ -511,7 +511,7 @@ class RetokenizeMode(Mode):
             return
         old_head = row.head
         node = tree.path(base, fresh)
-        was_ancestor = node is old_head or any(n is old_head for n in node.ancestry())
+        was_ancestor = _descends_from(node, old_head)
         common = 0
         while common < min(len(fresh), len(history) - start) and history[start + common].token == fresh[common]:
             common += 1
@@ -565,6 +565,14 @@ def score_chain(plan: _ScorePlan, kind: ScoreKind) -> CandidateScore:
     if plan.correction:
         tensor[0] += plan.correction
     return CandidateScore(tensor)
+
+
+def _descends_from(node: Node, ancestor: Node) -> bool:
+    """Whether `ancestor` is `node` or one of its ancestors (walking up only to its depth)."""
+    current: Node | None = node
+    while current is not None and current.depth > ancestor.depth:
+        current = current.parent
+    return current is ancestor
 
 
 def _is_continuation(data: bytes, offset: int) -> bool:

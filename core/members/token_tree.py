@@ -21,6 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -96,10 +97,15 @@ class Row:
     root: Node | None = None
     history: list[Node] = field(default_factory=list)
     pending: list[Node] = field(default_factory=list)
+    branched: list[Node] = field(default_factory=list)  # history nodes above the head that grew a branch
 
     @property
     def head(self) -> Node:
         return self.history[-1]
+
+    def on_history(self, node: Node) -> bool:
+        """Whether `node` is on this row's history chain (O(1): a history node's index is its depth)."""
+        return node.depth < len(self.history) and self.history[node.depth] is node
 
 
 class Backend(ABC):
@@ -132,11 +138,29 @@ class Backend(ABC):
 
 @dataclass
 class EvaluationStats:
-    """Evaluations and the seconds spent in them (the model's own time)."""
+    """Evaluations and the model's own time in them.
+
+    `seconds` adds host-clock times as they come; on CUDA a forward's time is a pair of events
+    (`hf_backend.ForwardTimer`), read only when `seconds` is, so timing costs no sync per forward."""
 
     forwards: int = 0
-    seconds: float = 0.0
     tokens: int = 0
+    _seconds: float = 0.0
+    _events: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def add_time(self, taken: float | tuple[Any, Any]) -> None:
+        if isinstance(taken, tuple):
+            self._events.append(taken)
+        else:
+            self._seconds += taken
+
+    @property
+    def seconds(self) -> float:
+        if self._events:
+            self._events[-1][1].synchronize()
+            self._seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000
+            self._events.clear()
+        return self._seconds
 
 
 class TokenTree:
@@ -204,6 +228,9 @@ class TokenTree:
             found = Node(token=int(token), parent=node, depth=node.depth + 1, row=node.row)
             node.children[int(token)] = found
             node.row.pending.append(found)
+            row = node.row
+            if row.history and node is not row.history[-1] and row.on_history(node):
+                row.branched.append(node)  # a branch above the head: `set_head` trims it
         return found
 
     def path(self, node: Node, tokens: Sequence[int]) -> Node:
@@ -220,34 +247,47 @@ class TokenTree:
 
     def set_head(self, key: int, node: Node) -> None:
         """Make `node` the end of the row's history: the chain root..node is kept, and every node
-        that is neither on it nor below `node` is released."""
+        that is neither on it nor below `node` is released.
+
+        Work is proportional to how far the history moves, not to its length: history nodes above
+        the branch point already have one child each (the next history node), except those that
+        grew another since (`Row.branched`), which are trimmed here too."""
         row = self.row(key)
-        chain = node.ancestry()
-        if chain[0] is not row.root:
+        segment: list[Node] = []  # the new chain below the branch point, deepest first
+        current: Node | None = node
+        while current is not None and not row.on_history(current):
+            segment.append(current)
+            current = current.parent
+        if current is None and (row.history or segment[-1] is not row.root):
             raise RuntimeError("the new head is not in this row")
-        common = 0
-        while common < min(len(chain), len(row.history)) and chain[common] is row.history[common]:
-            common += 1
-        removed = row.history[common:]
-        added = chain[common:]
-        row.history = chain
+        branch = -1 if current is None else current.depth  # -1: a new row's first history
+        segment.reverse()
+        removed = row.history[branch + 1 :]
+        del row.history[branch + 1 :]
+        row.history.extend(segment)
+        # siblings along the new chain, from the branch point down (and any history node that
+        # grew another child since the last move), are off every path we keep
+        trim = {id(n): n for n in row.history[max(branch, 0) : -1]}
+        trim.update((id(n), n) for n in row.branched if row.on_history(n) and n is not node)
+        row.branched = []
         doomed: list[Node] = []
-        for kept in chain[:-1]:  # siblings along the new chain are off every path we keep
-            nxt_token = None
-            for token, child in kept.children.items():
-                if child is not chain[kept.depth + 1]:
-                    doomed.append(child)
-                else:
-                    nxt_token = token
-            kept.children = {nxt_token: chain[kept.depth + 1]} if nxt_token is not None else {}
+        for kept in trim.values():
+            following = row.history[kept.depth + 1]
+            doomed.extend(child for child in kept.children.values() if child is not following)
+            kept.children = {following.token: following}
         self._release_subtrees(doomed)
-        if removed or added:
-            self.backend.history_changed(self._index[key], added, removed)
+        if removed or segment:
+            self.backend.history_changed(self._index[key], segment, removed)
 
     def prune(self, key: int, keep: Sequence[Node] = ()) -> None:
-        """Release every node below the head except `keep` (and their ancestors)."""
+        """Release every node below the head except `keep` (and their ancestors up to the head)."""
         head = self.head(key)
-        wanted = {id(n) for kept in keep for n in kept.ancestry()}
+        wanted: set[int] = set()
+        for kept in keep:
+            current: Node | None = kept
+            while current is not None and current.depth > head.depth and id(current) not in wanted:
+                wanted.add(id(current))
+                current = current.parent
         doomed = [c for c in head.children.values() if id(c) not in wanted]
         for c in list(head.children.values()):
             if id(c) in wanted:
