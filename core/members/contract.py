@@ -143,7 +143,7 @@ class Continuations:
     partial: tuple[PartialGroup, ...] = ()
     origin: Any = None
     greedy: Any = None
-    """The member's own greedy choice (a `methods.choice.Choice`) where whoever built this
+    """The member's own greedy choice (a `members.own_choice.Choice`) where whoever built this
     already made it: a hosted member's actor does, so the whole distribution need not cross."""
 
     @property

@@ -56,6 +56,7 @@ from ensemble_core.members.contract import (
     SessionStats,
 )
 from ensemble_core.members.lanes import check_num_threads
+from ensemble_core.members.own_choice import greedy_choice
 from ensemble_core.members.token_tree import Backend
 from ensemble_core.members.wire import (
     SUMMARY_TOP_KS,
@@ -189,8 +190,6 @@ class MemberHost:
         slot = (session, request)
         commits, rounds = self._ages.setdefault(slot, [0, 0])
         self._issued.setdefault(slot, {})[key] = (commits, rounds, found)
-        from ensemble_core.methods.choice import greedy_choice  # the one rule, made where the distribution is
-
         return summarize(found, key, top_ks, greedy_choice(self.member.vocab, found))
 
     @staticmethod

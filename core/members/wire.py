@@ -72,7 +72,7 @@ class WireSummary:
         tops: k -> (probabilities, ids) exactly as `torch.topk(dense, k)` gives them.
         total: `float(dense.sum())`.
         partial: the partial groups: small ones whole (ids as int32), large ones summarised.
-        greedy: the member's own greedy choice (`methods.choice.Choice`).
+        greedy: the member's own greedy choice (`members.own_choice.Choice`).
     """
 
     key: int

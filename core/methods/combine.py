@@ -32,7 +32,7 @@ import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.members.contract import Continuations, MemberVocab, Pick
-from ensemble_core.methods.choice import greedy_choice
+from ensemble_core.members.own_choice import greedy_choice
 from ensemble_core.sampling import sample, top_p_filter
 from ensemble_core.vocab.union import EOS_INDEX, MemberMap, UnionVocab
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix

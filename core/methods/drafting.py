@@ -23,8 +23,8 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.contract import Candidate, MemberVocab, RequestId, ScoreKind
+from ensemble_core.members.own_choice import Choice, own_choice
 from ensemble_core.methods.base import Binding, Commit, DecodeState, MethodRun, check_positive_int
-from ensemble_core.methods.choice import Choice, own_choice
 from ensemble_core.results import MethodStats
 
 _SPACE = frozenset(b" \t\n\r")

@@ -43,6 +43,7 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.contract import Continuations, DraftReading, MemberVocab, RequestId
+from ensemble_core.members.own_choice import Choice, own_choice, pick_prob
 from ensemble_core.methods.base import (
     Binding,
     Commit,
@@ -58,7 +59,6 @@ from ensemble_core.methods.base import (
     require_some,
     role_index,
 )
-from ensemble_core.methods.choice import Choice, own_choice, pick_prob
 from ensemble_core.methods.combine import Combiner, Scored, Step
 from ensemble_core.methods.token import bound_union, first_token_of
 from ensemble_core.methods.weighting import RequestWeights, named_weights

@@ -10,8 +10,8 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.contract import MemberVocab, RequestId
+from ensemble_core.members.own_choice import own_choice
 from ensemble_core.methods.base import Binding, Commit, DecodeState, Method, MethodRun, register, role_index
-from ensemble_core.methods.choice import own_choice
 from ensemble_core.results import MethodStats
 
 

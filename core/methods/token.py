@@ -17,6 +17,7 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.contract import Continuations, MemberVocab, RequestId
+from ensemble_core.members.own_choice import greedy_choice, own_choice
 from ensemble_core.methods.base import (
     Binding,
     Commit,
@@ -31,7 +32,6 @@ from ensemble_core.methods.base import (
     require_some,
     role_index,
 )
-from ensemble_core.methods.choice import own_choice
 from ensemble_core.methods.combine import Combiner, Step
 from ensemble_core.methods.weighting import RequestWeights, WeightRule, named_weights
 from ensemble_core.results import MethodStats
@@ -243,8 +243,6 @@ class _TokenRun(MethodRun):
     @staticmethod
     def _confident(vocab: MemberVocab, distribution: Continuations, threshold: float) -> bool:
         """The primary's top probability (at temperature 1 when greedy) is above the threshold."""
-        from ensemble_core.methods.choice import greedy_choice
-
         return greedy_choice(vocab, distribution).prob > threshold
 
     def _ensembled(self, state: DecodeState, request: RequestId, distributions: dict[int, Continuations]) -> Commit:

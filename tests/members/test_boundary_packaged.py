@@ -15,7 +15,7 @@ import pytest
 from conftest import packaged_member
 
 from ensemble_core.members.contract import Boundary, RequestId
-from ensemble_core.methods.choice import greedy_choice
+from ensemble_core.members.own_choice import greedy_choice
 
 pytestmark = pytest.mark.packaged
 QWEN = "qwen2.5-coder-0.5b-instruct"

@@ -19,7 +19,7 @@ import torch
 
 from ensemble_core.members.contract import Boundary, Pick, RequestId
 from ensemble_core.members.covering import PROBES
-from ensemble_core.methods.choice import greedy_choice
+from ensemble_core.members.own_choice import greedy_choice
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
 from reference import uncached_all_logits
 

@@ -21,8 +21,8 @@ from test_wire import spelling_more
 from ensemble_core import Ensemble, HFMember, RayMember
 from ensemble_core.errors import ClosedError, ConfigError, ModelLoadError
 from ensemble_core.members.contract import Continuations
+from ensemble_core.members.own_choice import greedy_choice
 from ensemble_core.members.ray_member import MemberFailedError, RaySession, WireTraffic
-from ensemble_core.methods.choice import greedy_choice
 
 # Under pytest-xdist every test on the Ray cluster stays on the one worker that started it.
 pytestmark = pytest.mark.xdist_group("ray")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ensemble_core.members.contract import Continuations, PartialGroup, Pick
+from ensemble_core.members.own_choice import greedy_choice, pick_prob, pick_text
 from ensemble_core.members.ray_member import MemberHost
 from ensemble_core.members.wire import (
     PARTIAL_SENT,
@@ -19,7 +20,6 @@ from ensemble_core.members.wire import (
     SummarizedPartialGroup,
     summarize,
 )
-from ensemble_core.methods.choice import greedy_choice, pick_prob, pick_text
 from ensemble_core.methods.combine import Combiner
 
 

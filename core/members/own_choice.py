@@ -11,8 +11,14 @@ ids spelling one text (or two end ids) together outweigh its top id: `generate` 
 we pick the text. Ties go to the text of the member's top id.
 
 Sampling: a seeded draw after top-p over all its candidates (aggregation does not change the
-distribution of the text drawn). The same rule serves `Single`, drafters, and the ensemble's
-test of which members wrote the chosen text.
+distribution of the text drawn). The same rule serves `Single`, drafters, the ensemble's test of
+which members wrote the chosen text, and a hosted member's actor (which makes the choice where
+the distribution is, so only the choice crosses the wire): it belongs to the members' layer.
+
+GPU-ready: a distribution that is all whole tokens (no boundary-correction candidates) is
+decided on its device and read by Python ONCE (one packed tensor: top id, best text, its best id,
+the end-of-text mass and the strongest end id); texts add up through a `SegmentPlan`, in a fixed
+order, so the sums and so the tie rule are the same on every run and device.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 from ensemble_core.config import GenerationSettings
 from ensemble_core.members.contract import Continuations, MemberVocab, Pick
 from ensemble_core.sampling import draw
+from ensemble_core.vocab.segments import SegmentPlan
 
 
 @dataclass(frozen=True)
@@ -58,10 +65,53 @@ def pick_prob(distribution: Continuations, pick: Pick) -> float:
     return distribution.partial[pick.group].prob(pick.index)
 
 
+@dataclass(frozen=True)
+class ChoiceTables:
+    """A member's id -> text structures for one logits width, on one device.
+
+    Attributes:
+        texts: adds ids into their texts (end-of-sequence ids, special tokens and padded
+            logit rows add nowhere).
+        text_of_id: LongTensor [width]: each id's text index, -1 where it adds nowhere.
+        ends: LongTensor: the end-of-sequence ids below the width, ascending.
+    """
+
+    texts: SegmentPlan
+    text_of_id: torch.Tensor
+    ends: torch.Tensor
+
+
+def choice_tables(vocab: MemberVocab, width: int, device: torch.device) -> ChoiceTables:
+    """Built once per member table, width and end ids, moved once per device, then kept."""
+    cache = vocab.table.__dict__.setdefault("_choice_tables", {})
+    key = (width, vocab.eos_ids)
+    if key not in cache:
+        index, texts, _ = vocab.table.text_index
+        slots = [-1] * width
+        for token, text in enumerate(index[: min(len(index), width)].tolist()):
+            if text >= 0 and token not in vocab.eos_ids:
+                slots[token] = text
+        ends = sorted(e for e in vocab.eos_ids if e < width)
+        cache[key] = {
+            torch.device("cpu"): ChoiceTables(
+                SegmentPlan.of(slots, len(texts)),
+                torch.tensor(slots, dtype=torch.long),
+                torch.tensor(ends, dtype=torch.long),
+            )
+        }
+    placed = cache[key]
+    if device not in placed:
+        home = placed[torch.device("cpu")]
+        placed[device] = ChoiceTables(home.texts.on(device), home.text_of_id.to(device), home.ends.to(device))
+    return placed[device]
+
+
 def greedy_choice(vocab: MemberVocab, distribution: Continuations) -> Choice:
     """The member's own greedy choice (see the module docstring)."""
     if distribution.greedy is not None:
         return distribution.greedy  # made where the distribution was (the same rule, on the same table)
+    if not distribution.partial:
+        return _whole_token_choice(vocab, distribution.dense)
     dense = distribution.dense
     first = int(torch.argmax(dense))
     index, texts, _ = vocab.table.text_index
@@ -90,6 +140,41 @@ def greedy_choice(vocab: MemberVocab, distribution: Continuations) -> Choice:
         strongest = max(ends, key=lambda e: float(dense[e]))
         return Choice(Pick(-1, strongest), b"", True, end_mass)
     return Choice(_best_pick(vocab, distribution, best_text), best_text, False, mass)
+
+
+def _whole_token_choice(vocab: MemberVocab, dense: torch.Tensor) -> Choice:
+    """`greedy_choice` over whole tokens only, decided on the distribution's device with one
+    read: the same rule as the general path, step for step."""
+    tables = choice_tables(vocab, dense.shape[0], dense.device)
+    dense = dense.float()
+    first = torch.argmax(dense)
+    masses = tables.texts.sum(dense)
+    best = torch.argmax(masses)
+    mass = masses[best]
+    first_text = tables.text_of_id[first]
+    tied = (first_text >= 0) & (masses[first_text.clamp(min=0)] == mass)
+    best = torch.where(tied, first_text, best)  # a tie: the text of the member's top id
+    zero = torch.zeros((), device=dense.device)
+    if len(tables.ends):
+        end_probs = dense[tables.ends]
+        end_mass, strongest = end_probs.sum(), tables.ends[torch.argmax(end_probs)]
+    else:
+        end_mass, strongest = zero, zero.long()
+    spelling = torch.where(tables.text_of_id == best, dense, torch.full((), -1.0, device=dense.device))
+    packed = torch.stack([first, best, torch.argmax(spelling), strongest]).double()
+    values = torch.cat([packed, torch.stack([mass, end_mass, dense[first]]).double()]).tolist()  # the one read
+    top, text_index, pick, strongest_end = (int(v) for v in values[:4])
+    mass_value, end_value, top_prob = values[4:]
+    top_text = vocab.text_of(top)
+    control = top_prob if not top_text and top not in vocab.eos_ids else -1.0
+    if control >= 0.0 and control >= mass_value and control >= end_value:  # the top id is a control token
+        return Choice(Pick(-1, top), b"", False, control)
+    if len(tables.ends) and (end_value > mass_value or (end_value == mass_value and top in vocab.eos_ids)):
+        return Choice(Pick(-1, strongest_end), b"", True, end_value)
+    if mass_value <= 0:
+        raise RuntimeError("no candidate spells the chosen text")
+    _, texts, _ = vocab.table.text_index
+    return Choice(Pick(-1, pick), texts[text_index], False, mass_value)
 
 
 def _add_partial_masses(vocab: MemberVocab, distribution: Continuations, masses: torch.Tensor) -> tuple[bytes, float]:
