@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -195,6 +196,28 @@ class Continuations:
                 head = (table.token_bytes[int(known[0])] or b"")[: group.skip]
                 values += group.probs_of(table.ids_starting_with(head + prefix).tolist())
         return math.fsum(values)
+
+    def host_groups(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every partial group's known candidates as host data, (int64 ids, float32
+        probabilities), read in ONE read for all groups and kept (a step's combination and the
+        member's own choice both need them; read again only if a group became complete since)."""
+        state = tuple(group.complete for group in self.partial)
+        memo = self.__dict__.get("_host_groups")
+        if memo is None or memo[0] != state:
+            known = [group.known() for group in self.partial]
+            numbers = np.zeros(0)
+            if known:
+                pieces = [torch.cat([ids.double(), probs.double().to(ids.device)]) for ids, probs in known]
+                numbers = torch.cat([piece.to(pieces[0].device) for piece in pieces]).numpy(force=True)
+            found, at = [], 0
+            for ids, _ in known:
+                size = len(ids)
+                pair = numbers[at : at + size].astype(np.int64), numbers[at + size : at + 2 * size].astype(np.float32)
+                found.append(pair)
+                at += 2 * size
+            memo = (state, found)
+            object.__setattr__(self, "_host_groups", memo)  # a frozen dataclass: a cache, not a field
+        return memo[1]
 
     def on(self, device: torch.device) -> Continuations:
         """This distribution with its whole-token probabilities on `device` as float32 (moved once;

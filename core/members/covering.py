@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ensemble_core.members.contract import (
@@ -99,19 +100,24 @@ class LeafIndex:
             if spelled and table.kinds[token] is not TokenKind.SPECIAL and emitted[token]
         )
         self._texts = [text for text, _ in pairs]
-        self._ids = torch.tensor([token for _, token in pairs], dtype=torch.long)
-        self._cache: dict[bytes, torch.Tensor] = {}
+        self._ids = np.asarray([token for _, token in pairs], dtype=np.int64)
+        self._cache: dict[tuple[bytes, int, torch.device], torch.Tensor] = {}
 
-    def longer_than(self, prefix: bytes) -> torch.Tensor:
-        """Ids of emittable tokens whose bytes start with `prefix` and are longer (LongTensor)."""
-        found = self._cache.get(prefix)
+    def longer_than(self, prefix: bytes, width: int | None = None, device: torch.device | None = None) -> torch.Tensor:
+        """Ids of emittable tokens whose bytes start with `prefix` and are longer (LongTensor),
+        below `width` if given, on `device` (the CPU by default): found on the host, moved once."""
+        key = (prefix, width or 0, device or torch.device("cpu"))
+        found = self._cache.get(key)
         if found is None:
             lo = bisect.bisect_right(self._texts, prefix)  # past the token equal to `prefix`, if any
             hi = bisect.bisect_left(self._texts, _after_all_extensions(prefix), lo) if prefix else len(self._texts)
-            found = self._ids[lo:hi]
+            ids = self._ids[lo:hi]
+            if width is not None:
+                ids = ids[ids < width]
+            found = torch.from_numpy(ids).to(key[2])
             if len(self._cache) > 4096:
                 self._cache.clear()
-            self._cache[prefix] = found
+            self._cache[key] = found
         return found
 
 
@@ -445,34 +451,49 @@ class CoveringMode:
                 tree.want(path.node)
 
     def evaluate(self, covering: Covering, temperature: float) -> Continuations | None:
-        """The covering's distribution (its nodes' logits must be computed)."""
+        """The covering's distribution (its nodes' logits must be computed). Every path's token
+        log-probabilities and leaf mass are computed on the device and read in ONE read; the
+        weights are then host numbers, and the distribution is combined on the device."""
         rest = covering.rest
-        groups: list[tuple[Path, torch.Tensor, torch.Tensor]] = []
-        dense = None
-        dense_paths: list[Path] = []
-        total = 0.0
-        # Each contributing path's candidates with its log mass; weights are then taken relative
-        # to the heaviest contribution, so a remainder the model finds very unlikely (random
-        # weights, a long odd tail) cannot underflow to 0/0 in float32.
-        found: list[tuple[Path, torch.Tensor | None, torch.Tensor, float]] = []
+        width = self.session.vocab.width
+        pending: list[tuple[Path, torch.Tensor | None, torch.Tensor, int]] = []  # path, leaves, probs, its terms
+        terms: list[torch.Tensor] = []
         for path in covering.paths:
-            path.log_weight = self._log_weight(covering.trunk, path, temperature)
-            if path.log_weight == -math.inf or path.node is None:
+            parents = _parents(covering.trunk, path)
+            if parents is None or path.node is None:
+                path.log_weight = -math.inf
                 continue
             probs = _softmax(path.node, temperature)
             leaves = None
             if path.end < len(rest):
-                leaves = self.leaves.longer_than(rest[path.end :])
-                leaves = leaves[leaves < probs.shape[0]]
+                leaves = self.leaves.longer_than(rest[path.end :], probs.shape[0], probs.device)
                 if len(leaves) == 0:
                     continue
-                probs = probs[leaves.to(probs.device)]
-            mass = float(probs.sum())
-            if mass > 0.0:
+                probs = probs[leaves]
+            terms.extend(_log_terms(p, t, temperature) for p, t in zip(parents, path.tokens, strict=True))
+            pending.append((path, leaves, probs, len(path.tokens)))
+        if not pending:
+            return self._canonical_only(covering, temperature)
+        masses = [probs.sum() for _, _, probs, _ in pending]
+        numbers = torch.stack([t.double() for t in terms] + [m.double() for m in masses]).tolist()  # the one read
+        found: list[tuple[Path, torch.Tensor | None, torch.Tensor, float]] = []
+        at = 0
+        for (path, leaves, probs, count), mass in zip(pending, numbers[len(terms) :], strict=True):
+            path.log_weight = 0.0
+            for term in numbers[at : at + count]:  # a Python sum, token by token
+                path.log_weight += term
+            at += count
+            if path.log_weight > -math.inf and mass > 0.0:
                 found.append((path, leaves, probs, path.log_weight + math.log(mass)))
         if not found:
             return self._canonical_only(covering, temperature)
+        # weights relative to the heaviest contribution, so a remainder the model finds very
+        # unlikely (random weights, a long odd tail) cannot underflow to 0/0 in float32
         scale = max(log_mass for *_, log_mass in found)
+        dense = None
+        dense_paths: list[Path] = []
+        groups: list[tuple[Path, torch.Tensor, torch.Tensor]] = []
+        total = 0.0
         for path, leaves, probs, log_mass in found:
             weight = math.exp(path.log_weight - scale)
             total += math.exp(log_mass - scale)
@@ -481,7 +502,6 @@ class CoveringMode:
                 dense_paths.append(path)
             else:
                 groups.append((path, leaves, probs * weight))
-        width = self.session.vocab.width
         if dense is None:
             dense = torch.zeros(width, dtype=torch.float32, device=covering.trunk.logits.device)  # type: ignore[union-attr]
         covering.log_mass = scale + math.log(total)
@@ -506,17 +526,6 @@ class CoveringMode:
         covering.dense_paths = [canonical]
         covering.groups = []
         return Continuations(_softmax(canonical.node, temperature))
-
-    def _log_weight(self, trunk: Node, path: Path, temperature: float) -> float:
-        total = 0.0
-        parent = trunk
-        for token in path.tokens:
-            child = parent.children.get(token)
-            if child is None:
-                return -math.inf
-            total += _logprob(parent, token, temperature)
-            parent = child
-        return total
 
     # ------------------------------------------------------------------ contract pieces
 
@@ -579,7 +588,7 @@ class CoveringMode:
         if pick.group == -1:
             if pick.index in session.vocab.eos_ids:
                 return False
-            path = max(covering.dense_paths, key=lambda p: p.log_weight + _logprob_or_floor(p.node, pick.index))
+            path = _likeliest_path(covering.dense_paths, pick.index)
             tokens = [*path.tokens, pick.index]
         else:
             path, leaves, _ = covering.groups[pick.group]
@@ -762,14 +771,34 @@ def _softmax(node: Node, temperature: float) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def _logprob(node: Node, token: int, temperature: float) -> float:
+def _parents(trunk: Node, path: Path) -> list[Node] | None:
+    """The nodes each of the path's tokens follows (None when one of its nodes is gone)."""
+    parents, parent = [], trunk
+    for token in path.tokens:
+        child = parent.children.get(token)
+        if child is None:
+            return None
+        parents.append(parent)
+        parent = child
+    return parents
+
+
+def _log_terms(node: Node, token: int, temperature: float) -> torch.Tensor:
+    """log p(token | node) at `temperature`, a float32 scalar on the device (nothing read)."""
+    logits = node.logits.float()  # type: ignore[union-attr]
     if temperature in (0.0, 1.0):
-        return node.logprob(token)
-    logits = node.logits.float() / temperature  # type: ignore[union-attr]
-    return float(logits[token] - torch.logsumexp(logits, dim=-1))
+        return logits[token] - node.log_normaliser()
+    logits = logits / temperature
+    return logits[token] - torch.logsumexp(logits, dim=-1)
 
 
-def _logprob_or_floor(node: Node | None, token: int) -> float:
-    if node is None or node.logits is None or token >= node.logits.shape[0]:
-        return -math.inf
-    return node.logprob(token)
+def _likeliest_path(paths: list[Path], token: int) -> Path:
+    """The dense path whose weight times p(token | its end) is largest (the first among equals);
+    one read for all of them."""
+    if len(paths) == 1:
+        return paths[0]
+    usable = [p.node is not None and p.node.logits is not None and token < p.node.logits.shape[0] for p in paths]
+    terms = [_log_terms(p.node, token, 1.0) for p, ok in zip(paths, usable, strict=True) if ok]  # type: ignore[arg-type]
+    read = iter(torch.stack(terms).tolist()) if terms else iter(())
+    scores = [p.log_weight + next(read) if ok else -math.inf for p, ok in zip(paths, usable, strict=True)]
+    return paths[max(range(len(paths)), key=scores.__getitem__)]

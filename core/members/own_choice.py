@@ -23,8 +23,10 @@ order, so the sums and so the tie rule are the same on every run and device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ensemble_core.config import GenerationSettings
@@ -112,43 +114,22 @@ def greedy_choice(vocab: MemberVocab, distribution: Continuations) -> Choice:
         return distribution.greedy  # made where the distribution was (the same rule, on the same table)
     if not distribution.partial:
         return _whole_token_choice(vocab, distribution.dense)
-    dense = distribution.dense
-    first = int(torch.argmax(dense))
-    index, texts, _ = vocab.table.text_index
-    usable = min(len(index), dense.shape[0])
-    targets = index[:usable].to(dense.device)
-    ends = sorted(e for e in vocab.eos_ids if e < dense.shape[0])
-    keep = targets >= 0
-    keep[[e for e in ends if e < usable]] = False
-    masses = torch.zeros(len(texts) + 1, dtype=torch.float32, device=dense.device)
-    masses.index_add_(0, torch.where(keep, targets, len(texts)), dense[:usable].float())
-    masses[len(texts)] = 0.0
-    extra_text, extra_mass = _add_partial_masses(vocab, distribution, masses)
-    best = int(torch.argmax(masses))
-    mass = float(masses[best])
-    first_text = vocab.text_of(first)
-    if first_text and first not in vocab.eos_ids and float(masses[int(index[first])]) == mass:
-        best = int(index[first])  # a tie: the text of the member's top id
-    best_text = texts[best] if mass > 0 else b""
-    if extra_mass > mass:
-        best_text, mass = extra_text, extra_mass
-    end_mass = float(dense[ends].sum()) if ends else 0.0
-    control = float(dense[first]) if not first_text and first not in vocab.eos_ids else -1.0
-    if control >= 0.0 and control >= mass and control >= end_mass:  # the top id is a control token
-        return Choice(Pick(-1, first), b"", False, control)  # (no text; ties go to the top id)
-    if ends and (end_mass > mass or (end_mass == mass and first in vocab.eos_ids)):
-        strongest = max(ends, key=lambda e: float(dense[e]))
-        return Choice(Pick(-1, strongest), b"", True, end_mass)
-    return Choice(_best_pick(vocab, distribution, best_text), best_text, False, mass)
+    return _partial_choice(vocab, distribution)
 
 
 def _whole_token_choice(vocab: MemberVocab, dense: torch.Tensor) -> Choice:
-    """`greedy_choice` over whole tokens only, decided on the distribution's device with one
-    read: the same rule as the general path, step for step."""
+    """`greedy_choice` over whole tokens only, decided on the distribution's device with one read."""
+    return _choice_from(vocab, _choice_pack(vocab, dense.float()).tolist())
+
+
+def _choice_pack(vocab: MemberVocab, dense: torch.Tensor, masses: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 [8] on `dense`'s device: the general rule's numbers for a distribution (top id,
+    best text, that text's likeliest id, strongest end id, the text's mass, the end mass, the
+    top id's probability, the likeliest id's probability), computed there without reading
+    anything. `masses`: the texts' masses when more than whole tokens add to them."""
     tables = choice_tables(vocab, dense.shape[0], dense.device)
-    dense = dense.float()
     first = torch.argmax(dense)
-    masses = tables.texts.sum(dense)
+    masses = tables.texts.sum(dense) if masses is None else masses
     best = torch.argmax(masses)
     mass = masses[best]
     first_text = tables.text_of_id[first]
@@ -161,79 +142,165 @@ def _whole_token_choice(vocab: MemberVocab, dense: torch.Tensor) -> Choice:
     else:
         end_mass, strongest = zero, zero.long()
     spelling = torch.where(tables.text_of_id == best, dense, torch.full((), -1.0, device=dense.device))
-    packed = torch.stack([first, best, torch.argmax(spelling), strongest]).double()
-    values = torch.cat([packed, torch.stack([mass, end_mass, dense[first]]).double()]).tolist()  # the one read
+    pick = torch.argmax(spelling)
+    ids = torch.stack([first, best, pick, strongest]).double()
+    return torch.cat([ids, torch.stack([mass, end_mass, dense[first], spelling[pick]]).double()])
+
+
+def _choice_from(vocab: MemberVocab, values: Sequence[float]) -> Choice:
+    """The choice `_choice_pack`'s numbers make (the general path's rule, step for step)."""
     top, text_index, pick, strongest_end = (int(v) for v in values[:4])
-    mass_value, end_value, top_prob = values[4:]
-    top_text = vocab.text_of(top)
-    control = top_prob if not top_text and top not in vocab.eos_ids else -1.0
-    if control >= 0.0 and control >= mass_value and control >= end_value:  # the top id is a control token
+    mass, end_mass, top_prob = values[4:7]
+    control = top_prob if not vocab.text_of(top) and top not in vocab.eos_ids else -1.0
+    if control >= 0.0 and control >= mass and control >= end_mass:  # the top id is a control token
         return Choice(Pick(-1, top), b"", False, control)
-    if len(tables.ends) and (end_value > mass_value or (end_value == mass_value and top in vocab.eos_ids)):
-        return Choice(Pick(-1, strongest_end), b"", True, end_value)
-    if mass_value <= 0:
+    has_ends = any(e < vocab.width for e in vocab.eos_ids)
+    if has_ends and (end_mass > mass or (end_mass == mass and top in vocab.eos_ids)):
+        return Choice(Pick(-1, strongest_end), b"", True, end_mass)
+    if mass <= 0:
         raise RuntimeError("no candidate spells the chosen text")
     _, texts, _ = vocab.table.text_index
-    return Choice(Pick(-1, pick), texts[text_index], False, mass_value)
+    return Choice(Pick(-1, pick), texts[text_index], False, mass)
 
 
-def _add_partial_masses(vocab: MemberVocab, distribution: Continuations, masses: torch.Tensor) -> tuple[bytes, float]:
-    """Adds partial candidates' masses to `masses` (texts some whole token also spells); returns
-    the heaviest text no whole token spells, with its mass (b"", 0.0 when there is none).
+@dataclass(frozen=True)
+class Summary:
+    """A member's distribution at one step, as the host knows it after one read (`summarize`).
 
-    Vectorised over each group (a group can hold tens of thousands of candidates: after a
-    committed space, every token that starts with a space)."""
-    extra: dict[bytes, float] = {}
-    for group in distribution.partial:
-        suffixes = vocab.table.suffixes(group.skip)
-        ids = group.token_ids.cpu()
-        text_ids = suffixes.ids[ids.clamp(max=len(suffixes.ids) - 1)]
-        text_ids[ids >= len(suffixes.ids)] = -1
-        positions = torch.where(text_ids >= 0, vocab.table.suffix_positions(group.skip)[text_ids.clamp(min=0)], -1)
-        probs = group.probs.float().cpu()
-        whole = positions >= 0
-        if bool(whole.any()):
-            masses.index_add_(0, positions[whole].to(masses.device), probs[whole].to(masses.device))
-        alone = (text_ids >= 0) & ~whole & (probs > 0)
-        if bool(alone.any()):
-            unique, inverse = torch.unique(text_ids[alone], return_inverse=True)
-            # float64, in candidate order: the sums a plain Python loop over the candidates makes
-            summed = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, probs[alone].double())
-            for text_id, value in zip(unique.tolist(), summed.tolist(), strict=True):
-                text = suffixes.texts[text_id]
-                extra[text] = extra.get(text, 0.0) + value
-    if not extra:
-        return b"", 0.0
-    text = max(extra, key=extra.__getitem__)
-    return text, extra[text]
+    Attributes:
+        top_values / top_ids: its k most likely whole tokens (float32 probabilities, most likely
+            first, as `torch.topk` gives them).
+        top_sum: their float32 sum; total: the float32 sum of all its whole tokens.
+        choice: its own greedy choice.
+    """
+
+    top_values: list[float]
+    top_ids: list[int]
+    top_sum: float
+    total: float
+    choice: Choice
 
 
-def _best_pick(vocab: MemberVocab, distribution: Continuations, text: bytes) -> Pick:
-    """The member's single most likely candidate spelling `text` (the first among equals)."""
-    best, best_prob = None, -1.0
-    for token in vocab.table.ids_by_bytes.get(text, ()):
-        if token < distribution.dense.shape[0] and token not in vocab.eos_ids:
-            prob = float(distribution.dense[token])
-            if prob > best_prob:
-                best, best_prob = Pick(-1, token), prob
-    for g, group in enumerate(distribution.partial):
-        suffixes = vocab.table.suffixes(group.skip)
-        target = suffixes.position.get(text)
-        if target is None:
+def summarize(items: Sequence[tuple[MemberVocab, Continuations]], top_k: int) -> list[Summary]:
+    """Every member's `Summary` with ONE read per device: each member's numbers are computed where
+    its distribution is, packed, and the packs of one device are read together. A hosted
+    member's distribution answers from what already crossed the wire."""
+    found: list[Summary | None] = [None] * len(items)
+    packs: dict[torch.device, list[tuple[int, int, torch.Tensor]]] = {}
+    for index, (vocab, distribution) in enumerate(items):
+        if distribution.greedy is not None:  # made where the distribution was (a hosted member)
+            values, ids = distribution.top(top_k)
+            found[index] = Summary(
+                values.tolist(), ids.tolist(), float(values.sum()), distribution.total(), distribution.greedy
+            )
             continue
-        ids = group.token_ids.cpu()
-        inside = ids < len(suffixes.ids)
-        same = torch.zeros_like(inside)
-        same[inside] = suffixes.ids[ids[inside]] == target
-        if not bool(same.any()):
-            continue
-        probs = group.probs.float().cpu().masked_fill(~same, -1.0)
-        k = int(torch.argmax(probs))
-        if float(probs[k]) > best_prob:
-            best, best_prob = Pick(g, k), float(probs[k])
-    if best is None:
-        raise RuntimeError("no candidate spells the chosen text")
-    return best
+        dense = distribution.dense.float()
+        values, ids = torch.topk(dense, min(top_k, dense.shape[0]))
+        parts = [torch.stack([values.sum(), dense.sum()]).double(), values.double(), ids.double()]
+        prepared = _PartialPrep(vocab, distribution) if distribution.partial else None
+        parts.append(_choice_pack(vocab, dense, None if prepared is None else prepared.masses))
+        packs.setdefault(dense.device, []).append((index, len(values), torch.cat(parts), prepared))
+    for pieces in packs.values():
+        numbers = torch.cat([pack for _, _, pack, _ in pieces]).tolist()  # the one read of this device
+        at = 0
+        for index, k, pack, prepared in pieces:
+            mine = numbers[at : at + len(pack)]
+            at += len(pack)
+            vocab = items[index][0]
+            rule = mine[2 + 2 * k :]
+            choice = _choice_from(vocab, rule) if prepared is None else prepared.finish(rule)
+            found[index] = Summary(mine[2 : 2 + k], [int(v) for v in mine[2 + k : 2 + 2 * k]], mine[0], mine[1], choice)
+    return found  # type: ignore[return-value]
+
+
+def _partial_choice(vocab: MemberVocab, distribution: Continuations) -> Choice:
+    """`greedy_choice` with boundary-correction candidates (two reads: their data, then the rule's
+    numbers; inside `summarize` the second is shared with every other member's)."""
+    prepared = _PartialPrep(vocab, distribution)
+    return prepared.finish(_choice_pack(vocab, prepared.dense, prepared.masses).tolist())
+
+
+class _PartialPrep:
+    """The partial path's host work before its numbers are read: the candidates' data (read once,
+    `Continuations.host_groups`) mapped to texts; those spelling a text some whole token also
+    spells add to that text's mass on the device (in candidate order, one round per repeat, so
+    nothing races); the others are summed per text on the host (float64, in candidate order)."""
+
+    def __init__(self, vocab: MemberVocab, distribution: Continuations):
+        self.vocab, self.distribution = vocab, distribution
+        table = vocab.table
+        self.dense = distribution.dense.float()
+        self.groups = distribution.host_groups()
+        adds_at, adds = [], []
+        self.extra: dict[bytes, float] = {}
+        for (ids, probs), group in zip(self.groups, distribution.partial, strict=True):
+            suffixes = table.suffixes(group.skip)
+            inside = ids < len(suffixes.ids)
+            text_ids = np.where(inside, suffixes.ids[ids.clip(max=len(suffixes.ids) - 1)], -1)
+            positions = np.where(text_ids >= 0, table.suffix_positions(group.skip)[text_ids.clip(min=0)], -1)
+            whole = positions >= 0
+            adds_at.append(positions[whole])
+            adds.append(probs[whole])
+            alone = (text_ids >= 0) & ~whole & (probs > 0)
+            if alone.any():
+                unique, inverse = np.unique(text_ids[alone], return_inverse=True)
+                summed = np.zeros(len(unique), dtype=np.float64)
+                np.add.at(summed, inverse, probs[alone].astype(np.float64))
+                for text_id, value in zip(unique.tolist(), summed.tolist(), strict=True):
+                    text = suffixes.texts[text_id]
+                    self.extra[text] = self.extra.get(text, 0.0) + value
+        masses = choice_tables(vocab, self.dense.shape[0], self.dense.device).texts.sum(self.dense)
+        self.masses = _add_in_order(masses, np.concatenate(adds_at), np.concatenate(adds))
+
+    def finish(self, values: Sequence[float]) -> Choice:
+        """The choice from `_choice_pack`'s numbers over `self.masses` (the general rule)."""
+        vocab, table = self.vocab, self.vocab.table
+        top, text_index, pick, strongest_end = (int(v) for v in values[:4])
+        mass, end_mass, top_prob, pick_prob = values[4:8]
+        _, texts, _ = table.text_index
+        best_text = texts[text_index] if mass > 0 else b""
+        best: tuple[Pick, float] | None = (Pick(-1, pick), pick_prob) if mass > 0 and pick_prob >= 0 else None
+        if self.extra:
+            extra_text = max(self.extra, key=self.extra.__getitem__)
+            if self.extra[extra_text] > mass:
+                best_text, mass, best = extra_text, self.extra[extra_text], None  # no whole token spells it
+        control = top_prob if not vocab.text_of(top) and top not in vocab.eos_ids else -1.0
+        if control >= 0.0 and control >= mass and control >= end_mass:  # the top id is a control token
+            return Choice(Pick(-1, top), b"", False, control)
+        has_ends = any(e < vocab.width for e in vocab.eos_ids)
+        if has_ends and (end_mass > mass or (end_mass == mass and top in vocab.eos_ids)):
+            return Choice(Pick(-1, strongest_end), b"", True, end_mass)
+        for g, ((ids, probs), group) in enumerate(zip(self.groups, self.distribution.partial, strict=True)):
+            suffixes = table.suffixes(group.skip)
+            target = suffixes.position.get(best_text)
+            if target is None:
+                continue
+            same = (ids < len(suffixes.ids)) & (suffixes.ids[ids.clip(max=len(suffixes.ids) - 1)] == target)
+            if not same.any():
+                continue
+            k = int(np.argmax(np.where(same, probs, -1.0)))  # the first among equals
+            if best is None or probs[k] > best[1]:
+                best = (Pick(g, k), float(probs[k]))
+        if best is None:
+            raise RuntimeError("no candidate spells the chosen text")
+        return Choice(best[0], best_text, False, mass)
+
+
+def _add_in_order(masses: torch.Tensor, positions: np.ndarray, probs: np.ndarray) -> torch.Tensor:
+    """`masses` with each prob added at its position, in the order given (as a sequential
+    float32 loop would), one round per repeat of a position so that no two adds race."""
+    if not len(positions):
+        return masses
+    rank = np.zeros(len(positions), dtype=np.int64)  # how many earlier adds hit the same position
+    seen: dict[int, int] = {}
+    for k, position in enumerate(positions.tolist()):
+        rank[k] = seen.get(position, 0)
+        seen[position] = rank[k] + 1
+    for r in range(int(rank.max()) + 1):
+        chosen = rank == r
+        at = torch.from_numpy(positions[chosen]).to(masses.device)
+        masses = masses.index_add(0, at, torch.from_numpy(probs[chosen]).to(masses.device))
+    return masses
 
 
 def own_choice(

@@ -21,6 +21,14 @@ model twice, this reproduces that member's own greedy choice even when its top t
 tie. Texts decide, not this step's own entry numbers, because those are given in the order texts
 turn up, which depends on how much of a hosted member's partial groups crossed the wire; for the
 same reason every set of scored entries a method may sample from is in text order.
+
+GPU-ready: a step reads its device values to Python about twice. Each member's `Summary` (its
+top-k, its total, its own greedy choice) is computed on the combining device and read in ONE
+read for all members (`members.own_choice.summarize`); the shortcut's candidates are then known
+on the host, are scored on the device (masses by gathers; ids sharing an entry and partial
+candidates added in float64 in a fixed order, never by racing atomics) and read once; the
+decision and the tie rule run on the host. Host bookkeeping (index maps, partial candidates'
+entries and masses) is numpy, so every torch read left is a device read.
 """
 
 from __future__ import annotations
@@ -28,11 +36,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.members.contract import Continuations, MemberVocab, Pick
-from ensemble_core.members.own_choice import greedy_choice
+from ensemble_core.members.own_choice import Summary, greedy_choice, summarize
 from ensemble_core.sampling import sample, top_p_filter
 from ensemble_core.vocab.union import EOS_INDEX, MemberMap, UnionVocab
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
@@ -41,6 +50,7 @@ from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
 # step (ALGORITHMS.md section 8) and costs a fraction of a millisecond.
 SHORTCUT_TOP_K = 32
 _BOUND_SLACK = 1e-6  # float32 sums of probabilities are not exactly 1
+_READ_WHOLE = 4096  # a scored set up to this size is read whole and decided on the host
 
 FirstToken = Callable[[int, bytes], "int | None"]  # (member, text) -> its first token of that text
 
@@ -48,10 +58,27 @@ FirstToken = Callable[[int, bytes], "int | None"]  # (member, text) -> its first
 @dataclass
 class Scored:
     """Entries with their combined probability (a sub-distribution or the full one), or with
-    scores to rank them by (contrastive decoding's float64 log-scores)."""
+    scores to rank them by (contrastive decoding's float64 log-scores).
+
+    `listed` / `values`: the same entries and probabilities as host data, where they are known
+    without a read (a short list the host built, or read once); `pick` then decides on the host."""
 
     entries: torch.Tensor  # LongTensor [n]
     probs: torch.Tensor  # float32 [n] (float64 for scores)
+    listed: np.ndarray | None = None
+    values: list[float] | None = None
+
+    def host_entries(self) -> np.ndarray:
+        """The entries as host data (read once if only the device has them)."""
+        if self.listed is None:
+            self.listed = self.entries.cpu().numpy()
+        return self.listed
+
+    def host_values(self) -> list[float]:
+        """The probabilities as host data (read once)."""
+        if self.values is None:
+            self.values = self.probs.tolist()
+        return self.values
 
 
 @dataclass(frozen=True)
@@ -109,6 +136,10 @@ class Step:
         self.partial = {m: self._partial_masses(m, d) for m, d in self.raw.items()}
         self._in_part = {m for m, d in self.raw.items() if not all(g.complete for g in d.partial)}
         self._partial_sets: dict[int, set[int]] = {}
+        # every member's top-k, total and own choice: one read for them all
+        members = list(self.raw)
+        summaries = summarize([(combiner.members[m], self.raw[m]) for m in members], SHORTCUT_TOP_K)
+        self.summaries: dict[int, Summary] = dict(zip(members, summaries, strict=True))
         self._own: dict[int, OwnChoice] = {}
         self._shortlisted: tuple[Scored, float] | None = None
 
@@ -148,62 +179,64 @@ class Step:
             made.append(entry)
         return made
 
-    def _partial_masses(self, member: int, distribution: Continuations) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sorted entries, float64 masses) of the member's partial candidates: texts of tokens
-        that re-cover committed bytes, each group mapped with one tensor lookup (a group can
-        hold tens of thousands of candidates: after a committed space, every space-led token)."""
+    def _partial_masses(self, member: int, distribution: Continuations) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted entries, float64 masses) of the member's partial candidates, as host data:
+        texts of tokens that re-cover committed bytes, each group mapped with one array lookup
+        (a group can hold tens of thousands of candidates: after a committed space, every
+        space-led token). The groups' ids and probabilities are read once, all together."""
+        if not distribution.partial:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
         table = self.c.members[member].table
         found_entries, found_masses = [], []
-        for group in distribution.partial:
-            suffixes = table.suffixes(group.skip)
-            ids, probs = group.known()
-            ids, probs = ids.cpu().long(), probs.cpu().double()
-            keep = (probs > 0) & (ids < len(suffixes.ids))
-            text_ids = suffixes.ids[ids[keep]]
-            probs = probs[keep]
+        for group, (ids, group_probs) in zip(distribution.partial, distribution.host_groups(), strict=True):
+            probs = group_probs.astype(np.float64)
+            suffixes = table.suffixes(group.skip).ids
+            keep = (probs > 0) & (ids < len(suffixes))
+            text_ids, probs = suffixes[ids[keep]], probs[keep]
             valid = text_ids >= 0
             text_ids, probs = text_ids[valid], probs[valid]
             entries = self.union.suffix_entries(member, group.skip, table)[text_ids]
             missing = entries < 0
-            if bool(missing.any()):  # texts no member has as a whole token: this step's own entries
-                unique, inverse = torch.unique(text_ids[missing], return_inverse=True)
-                made = self._own_entries([suffixes.texts[t] for t in unique.tolist()])
-                entries[missing] = torch.tensor(made, dtype=torch.long)[inverse]
+            if missing.any():  # texts no member has as a whole token: this step's own entries
+                unique, inverse = np.unique(text_ids[missing], return_inverse=True)
+                texts = table.suffixes(group.skip).texts
+                made = self._own_entries([texts[t] for t in unique.tolist()])
+                entries[missing] = np.asarray(made, dtype=np.int64)[inverse]
             found_entries.append(entries)
             found_masses.append(probs)
-        if not found_entries:
-            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
-        unique, inverse = torch.unique(torch.cat(found_entries), return_inverse=True)
-        return unique, torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, torch.cat(found_masses))
+        unique, inverse = np.unique(np.concatenate(found_entries), return_inverse=True)
+        masses = np.zeros(len(unique), dtype=np.float64)
+        np.add.at(masses, inverse, np.concatenate(found_masses))  # in candidate order, as a loop adds
+        return unique, masses
 
     def pick_entry(self, member: int, pick: Pick) -> int | None:
         """The entry a member's candidate lands on (None: a control token, no text)."""
         if pick.group == -1:
-            target = int(self.c.maps[member].to_union[pick.index])
+            target = int(self.union.maps[member].host_to_union[pick.index])
             return None if target == self.nowhere else target
         group = self.raw[member].partial[pick.group]
         spelled = self.c.members[member].table.token_bytes[group.token(pick.index)] or b""
         return self.entry_of(spelled[group.skip :])
 
-    def _partial_values(self, member: int, listed: torch.Tensor) -> torch.Tensor:
-        """float64 [n]: the member's partial mass on each entry of `listed` (CPU LongTensor)."""
+    def _partial_values(self, member: int, listed: np.ndarray) -> np.ndarray:
+        """float64 [n]: the member's partial mass on each entry of `listed` (host data)."""
         if member in self._in_part:
             return self._asked_partial_values(member, listed)
-        values = torch.zeros(len(listed), dtype=torch.float64)
+        values = np.zeros(len(listed), dtype=np.float64)
         partial_entries, partial_masses = self.partial[member]
         if len(partial_entries):
-            at = torch.searchsorted(partial_entries, listed).clamp(max=len(partial_entries) - 1)
+            at = np.searchsorted(partial_entries, listed).clip(max=len(partial_entries) - 1)
             hit = partial_entries[at] == listed
             values[hit] = partial_masses[at[hit]]
         return values
 
-    def _asked_partial_values(self, member: int, listed: torch.Tensor) -> torch.Tensor:
+    def _asked_partial_values(self, member: int, listed: np.ndarray) -> np.ndarray:
         """`_partial_values` where some group is known only in part: each group's probability of
         each listed text, added group by group in group order (the sums the whole groups give),
         the group asked only for the tokens it did not send."""
         table = self.c.members[member].table
         texts = [b"" if e in (EOS_INDEX, self.nowhere) else self.text(e) for e in listed.tolist()]
-        total = torch.zeros(len(texts), dtype=torch.float64)
+        total = np.zeros(len(texts), dtype=np.float64)
         for group in self.raw[member].partial:
             ids, _ = group.known()
             if not len(ids):
@@ -215,7 +248,7 @@ class Step:
             for position, tokens in enumerate(spellings):
                 for _ in tokens:
                     sums[position] += next(probs)
-            total += torch.tensor(sums, dtype=torch.float64)
+            total += np.asarray(sums, dtype=np.float64)
         return total
 
     def _unknown_partial_bound(self, member: int) -> float:
@@ -233,55 +266,74 @@ class Step:
         self._in_part.discard(member)
         self._partial_sets.pop(member, None)
 
-    def in_text_order(self, entries: torch.Tensor) -> torch.Tensor:
+    def in_text_order(self, entries: np.ndarray) -> np.ndarray:
         """Sorted entries (union entries are in text order) with this step's own ones merged in by text."""
-        if not bool((entries > self.nowhere).any()):
+        entries = np.unique(entries)
+        if not len(entries) or entries[-1] <= self.nowhere:
             return entries
-        return torch.tensor(sorted(entries.tolist(), key=self.text), dtype=torch.long, device=entries.device)
+        return np.asarray(sorted(entries.tolist(), key=self.text), dtype=np.int64)
 
     def _partial_set(self, member: int) -> set[int]:
         if member not in self._partial_sets:
             self._partial_sets[member] = set(self.partial[member][0].tolist())
         return self._partial_sets[member]
 
+    def device_entries(self, listed: np.ndarray) -> torch.Tensor:
+        """Host entries as a LongTensor on the combining device (a copy, not a read)."""
+        return torch.from_numpy(np.ascontiguousarray(listed, dtype=np.int64)).to(self.c.device, non_blocking=True)
+
     # ------------------------------------------------------------------ one member
 
-    def mass(self, member: int, entries: torch.Tensor) -> torch.Tensor:
-        """The member's total probability on each entry (0 where it has no such candidate)."""
+    def mass(self, member: int, entries: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """The member's total probability on each entry (0 where it has no such candidate), float32
+        on the combining device. Entries given as host data cost no read; ids sharing an entry
+        and partial candidates add in float64, in a fixed order (what a Python sum over the
+        candidates would give)."""
+        listed = entries if isinstance(entries, np.ndarray) else entries.cpu().numpy()
         distribution = self.raw[member]
-        member_map = self.c.maps[member]
-        static = entries < self.union.size
-        first = torch.full_like(entries, -1)
-        first[static] = member_map.first_id[entries[static]]
-        found = first >= 0
-        zero = torch.zeros((), device=entries.device)
-        mass = torch.where(found, distribution.probs_at(first.clamp(min=0)).to(entries.device), zero)
+        home = self.union.maps[member]
+        first = np.full(len(listed), -1, dtype=np.int64)
+        static = listed < self.union.size
+        first[static] = home.host_first_id[listed[static]]
+        index = self.device_entries(first)
+        zero = torch.zeros((), device=self.c.device)
+        mass = torch.where(index >= 0, distribution.probs_at(index.clamp(min=0)).to(self.c.device), zero)
         partial_entries, _ = self.partial[member]
-        if not member_map.extra_ids and not len(partial_entries) and member not in self._in_part:
+        extra = self._extra_rounds(home, listed) if home.extra_ids else []
+        if not extra and not len(partial_entries) and member not in self._in_part:
             return mass
-        values = mass.double().cpu()  # float64, as a Python sum over the candidates would add
-        listed = entries.cpu()
-        if member_map.extra_ids:
-            shared = torch.nonzero(torch.isin(listed, member_map.shared_entries)).flatten().tolist()
-            extra = [(position, token) for position in shared for token in member_map.extra_ids[int(listed[position])]]
-            if extra:
-                tokens = torch.tensor([token for _, token in extra], device=distribution.device)
-                for (position, _), prob in zip(extra, distribution.probs_at(tokens).tolist(), strict=True):
-                    values[position] += prob
+        values = mass.double()
+        for positions, tokens in extra:  # each round adds one more id to each of some entries
+            added = distribution.probs_at(self.device_entries(tokens)).to(self.c.device).double()
+            values = values.index_add(0, self.device_entries(positions), added)
         if len(partial_entries) or member in self._in_part:
-            values += self._partial_values(member, listed)
-        return values.to(torch.float32).to(entries.device)
+            values = values + torch.from_numpy(self._partial_values(member, listed)).to(self.c.device)
+        return values.to(torch.float32)
+
+    @staticmethod
+    def _extra_rounds(home: MemberMap, listed: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(positions, ids) per round: the k-th further id of each listed entry that has one."""
+        rounds: list[tuple[list[int], list[int]]] = []
+        for position, entry in enumerate(listed.tolist()):
+            for k, token in enumerate(home.extra_ids.get(entry, ())):
+                while len(rounds) <= k:
+                    rounds.append(([], []))
+                rounds[k][0].append(position)
+                rounds[k][1].append(token)
+        return [(np.asarray(p, dtype=np.int64), np.asarray(t, dtype=np.int64)) for p, t in rounds]
 
     def probabilities_of(self, entry: int) -> dict[int, float]:
-        """Each member's probability of one entry (what the agreement weights learn from)."""
-        entries = torch.tensor([entry], device=self.c.device)
-        return {member: float(self.mass(member, entries)[0]) for member in self.raw}
+        """Each member's probability of one entry (what the agreement weights learn from): one read."""
+        listed = np.asarray([entry], dtype=np.int64)
+        members = list(self.raw)
+        found = torch.cat([self.mass(member, listed) for member in members]).tolist()
+        return dict(zip(members, found, strict=True))
 
     def own(self, member: int) -> OwnChoice:
         """The member's own greedy choice (`choice.greedy_choice`) and the entry of its text
         (`nowhere` for a control token)."""
         if member not in self._own:
-            choice = greedy_choice(self.c.members[member], self.raw[member])
+            choice = self.summaries[member].choice or greedy_choice(self.c.members[member], self.raw[member])
             entry = EOS_INDEX if choice.eos else self.nowhere if choice.control else self.entry_of(choice.text)
             self._own[member] = OwnChoice(choice.pick, entry, choice.prob)
         return self._own[member]
@@ -306,54 +358,59 @@ class Step:
             if not weight:
                 continue
             probs = distribution.dense.to(self.c.device)  # the whole union: the whole distribution
-            total.index_add_(0, self.c.maps[member].to_union[: probs.shape[0]], probs * weight)
+            plan = self.union.maps[member].plan.on(self.c.device)  # ids sharing an entry add in id order
+            total[: self.union.size] += plan.sum(probs.float() * weight)
             entries, masses = self.partial[member]
-            if len(entries):
-                total.index_add_(0, entries.to(total.device), (weight * masses).to(torch.float32).to(total.device))
+            if len(entries):  # distinct entries: no two adds race
+                added = torch.from_numpy(weight * masses).float().to(total.device)
+                total.index_add_(0, self.device_entries(entries), added)
         total[self.nowhere] = 0.0
         return total
 
-    def candidates(self, top_k: int) -> torch.Tensor:
-        """Sorted entries of every member's top-k candidates (whole tokens and partial texts), and
-        of each member's own choice (whose mass adds up over ids, so it can lie outside its top-k)."""
+    def candidates(self, top_k: int) -> np.ndarray:
+        """Entries (host data, in text order) of every member's top-k candidates (whole tokens and
+        partial texts), and of each member's own choice (whose mass adds up over ids, so it can
+        lie outside its top-k)."""
         found = []
-        for member, distribution in self.raw.items():
-            _, ids = distribution.top(top_k)
-            found.append(self.c.maps[member].to_union[ids.to(self.c.device)])
-            heaviest = self._heaviest_partial(member, top_k)
-            own = torch.tensor([self.own(member).entry], dtype=torch.long)
-            found.append(torch.cat([heaviest, own]).to(self.c.device))
-        entries = torch.unique(torch.cat(found))
+        for member in self.raw:
+            found.append(self.union.maps[member].host_to_union[self._top_ids(member, top_k)])
+            found.append(self._heaviest_partial(member, top_k))
+            found.append(np.asarray([self.own(member).entry], dtype=np.int64))
+        entries = np.concatenate(found)
         return self.in_text_order(entries[entries != self.nowhere])
 
-    def _heaviest_partial(self, member: int, top_k: int) -> torch.Tensor:
+    def _top_ids(self, member: int, top_k: int) -> np.ndarray:
+        """The member's top-k ids (host data: from its summary where k fits, else one read)."""
+        summary = self.summaries[member]
+        if top_k <= len(summary.top_ids) or len(summary.top_ids) == self.raw[member].width:
+            return np.asarray(summary.top_ids[:top_k], dtype=np.int64)
+        return self.raw[member].top(top_k)[1].cpu().numpy()
+
+    def _heaviest_partial(self, member: int, top_k: int) -> np.ndarray:
         """The entries of the member's `top_k` heaviest partial texts (the first among equals by
         entry). Where its groups are known only in part, the known texts decide when the k-th of
         them outweighs anything the rest could hold; otherwise the groups are fetched whole."""
         entries, masses = self.partial[member]
         if member in self._in_part:
             exact = self._partial_values(member, entries)
-            if (
-                len(exact) >= top_k
-                and float(torch.topk(exact, top_k).values[-1]) > self._unknown_partial_bound(member) + _BOUND_SLACK
-            ):
+            if len(exact) >= top_k and np.sort(exact)[-top_k] > self._unknown_partial_bound(member) + _BOUND_SLACK:
                 return self._heaviest(entries, exact, top_k)
             self._complete(member)
             entries, masses = self.partial[member]
         return self._heaviest(entries, masses, top_k)
 
-    def _heaviest(self, entries: torch.Tensor, masses: torch.Tensor, top_k: int) -> torch.Tensor:
+    def _heaviest(self, entries: np.ndarray, masses: np.ndarray, top_k: int) -> np.ndarray:
         """The `top_k` entries of the largest masses; among equal masses at the cut, the smallest texts."""
-        order = torch.sort(masses, descending=True, stable=True).indices
-        if len(order) <= top_k or float(masses[order[top_k - 1]]) != float(masses[order[top_k]]):
+        order = np.argsort(-masses, kind="stable")
+        if len(order) <= top_k or masses[order[top_k - 1]] != masses[order[top_k]]:
             return entries[order[:top_k]]
         cut = masses[order[top_k - 1]]
         above = entries[masses > cut]
         tied = sorted(entries[masses == cut].tolist(), key=self.text)
-        return torch.cat([above, torch.tensor(tied[: top_k - len(above)], dtype=torch.long)])
+        return np.concatenate([above, np.asarray(tied[: top_k - len(above)], dtype=np.int64)])
 
-    def score(self, entries: torch.Tensor, weights: Sequence[float] | None = None) -> torch.Tensor:
-        """sum_i w_i p_i(entry) for the given entries only."""
+    def score(self, entries: np.ndarray, weights: Sequence[float] | None = None) -> torch.Tensor:
+        """sum_i w_i p_i(entry) for the given entries only (float32, on the combining device)."""
         weights = self.weights if weights is None else weights
         total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
         for member in self.raw:
@@ -374,7 +431,7 @@ class Step:
         the best candidate beats the bound of `_shortlist` it IS the argmax, and every entry
         tied with it is among the candidates."""
         shortlist, bound = self._shortlist()
-        return shortlist if float(shortlist.probs.max()) > bound + _BOUND_SLACK else None
+        return shortlist if max(shortlist.host_values(), default=0.0) > bound + _BOUND_SLACK else None
 
     def above(self, threshold: float) -> Scored | None:
         """Every entry whose probability in the full distribution exceeds `threshold`, scored
@@ -383,12 +440,15 @@ class Step:
         shortlist, bound = self._shortlist()
         if bound + _BOUND_SLACK >= threshold:
             return None
-        keep = shortlist.probs > threshold
-        return Scored(shortlist.entries[keep], shortlist.probs[keep])
+        keep = [k for k, value in enumerate(shortlist.host_values()) if value > threshold]
+        listed = shortlist.host_entries()[keep]
+        values = [shortlist.host_values()[k] for k in keep]
+        probs = shortlist.probs[self.device_entries(np.asarray(keep, dtype=np.int64))]
+        return Scored(self.device_entries(listed), probs, listed, values)
 
     def _shortlist(self) -> tuple[Scored, float]:
-        """The shortcut's candidates scored exactly, and the most any other entry can have
-        (computed once per step).
+        """The shortcut's candidates scored exactly (read once), and the most any other entry can
+        have (computed once per step).
 
         Only each member's top-k whole tokens and its partial texts known here (all of them, but
         for a hosted member's large groups: their most likely candidates) are scored. Any entry
@@ -399,51 +459,51 @@ class Step:
         if self._shortlisted is None:
             bound = 0.0
             found = []
-            for member, distribution in self.raw.items():
-                values, ids = distribution.top(SHORTCUT_TOP_K)
-                found.append(self.c.maps[member].to_union[ids.to(self.c.device)])
+            for member in self.raw:
+                summary = self.summaries[member]
+                found.append(self.union.maps[member].host_to_union[np.asarray(summary.top_ids, dtype=np.int64)])
                 if len(self.partial[member][0]):
-                    found.append(self.partial[member][0].to(self.c.device))
-                outside = max(0.0, distribution.total() - float(values.sum()))
-                kth = float(values[-1]) * self.c.maps[member].ids_per_entry
+                    found.append(self.partial[member][0])
+                outside = max(0.0, summary.total - summary.top_sum)
+                kth = summary.top_values[-1] * self.c.maps[member].ids_per_entry
                 bound += self.weights[member] * (min(kth, outside) + self._unknown_partial_bound(member))
-            entries = torch.unique(torch.cat(found))
-            entries = entries[entries != self.nowhere]
-            self._shortlisted = (Scored(entries, self.score(entries)), bound)
+            listed = np.unique(np.concatenate(found))
+            listed = listed[listed != self.nowhere]
+            probs = self.score(listed)
+            self._shortlisted = (Scored(self.device_entries(listed), probs, listed, probs.tolist()), bound)
         return self._shortlisted
 
     def unite(self, top_k: int, first_token: FirstToken) -> Scored:
         """UniTE: each member's distribution restricted to the union of all top-k candidates,
         renormalised, then averaged with the weights. A candidate a member lacks is scored
-        through the member's first sub-token of that text."""
-        entries = self.candidates(top_k)
-        total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
+        through the member's first sub-token of that text. Nothing is read: which candidates a
+        member lacks is host data."""
+        listed = self.candidates(top_k)
+        total = torch.zeros(len(listed), dtype=torch.float32, device=self.c.device)
         for member, distribution in self.raw.items():
             weight = self.weights[member]
             if not weight:
                 continue
-            values = self.mass(member, entries).tolist()
-            stand_ins = {}  # position -> the member's first sub-token of a candidate it lacks
-            for position, entry in enumerate(entries.tolist()):
-                if entry != EOS_INDEX and values[position] == 0.0 and not self._has(member, entry):
+            mass = self.mass(member, listed)
+            stand_ins = {}  # position -> the member's first sub-token of a candidate it lacks (its mass is 0)
+            for position, entry in enumerate(listed.tolist()):
+                if entry != EOS_INDEX and not self._has(member, entry):
                     token = first_token(member, self.text(entry))
                     if token is not None:
                         stand_ins[position] = token
             if stand_ins:
                 tokens = torch.tensor(list(stand_ins.values()), device=distribution.device)
-                for position, prob in zip(stand_ins, distribution.probs_at(tokens).tolist(), strict=True):
-                    values[position] = prob
-            mass = torch.tensor(values, dtype=torch.float32, device=self.c.device)
-            norm = float(mass.sum())
-            if norm > 0:
-                total += weight * mass / norm
-        return Scored(entries, total)
+                positions = self.device_entries(np.asarray(list(stand_ins), dtype=np.int64))
+                mass = mass.index_put((positions,), distribution.probs_at(tokens).to(self.c.device).float())
+            norm = mass.sum()
+            total += torch.where(norm > 0, weight * mass / norm, torch.zeros((), device=self.c.device))
+        return Scored(self.device_entries(listed), total, listed)
 
     def _has(self, member: int, entry: int) -> bool:
-        if entry < self.union.size and self.c.maps[member].has(entry):
+        if entry < self.union.size and self.union.maps[member].has(entry):
             return True
         if member in self._in_part:
-            return bool(self._partial_values(member, torch.tensor([entry]))[0] > 0)
+            return bool(self._partial_values(member, np.asarray([entry], dtype=np.int64))[0] > 0)
         return entry in self._partial_set(member)
 
     def sharpen_heuristic(self, scored: Scored, drafter: int, threshold: float, over_all: bool) -> Scored | None:
@@ -458,9 +518,10 @@ class Step:
         mass of the scored entries. Entries that end inside a UTF-8 character do not gain:
         byte-level vocabularies have a token for every lead byte, which would otherwise collect
         the mass of all characters it begins (e.g. all of CJK) and commit half a character."""
+        listed, values = self._host(scored)
         boosted: list[tuple[int, torch.Tensor]] = []
-        for position in torch.nonzero(scored.probs > threshold).flatten().tolist():
-            entry = int(scored.entries[position])
+        for position in [k for k, value in enumerate(values) if value > threshold]:
+            entry = int(listed[position])
             if entry == EOS_INDEX or not self._has(drafter, entry):
                 continue
             prefix = self.text(entry)
@@ -474,24 +535,22 @@ class Step:
                 )
                 boosted.append((entry, torch.tensor(gained, dtype=torch.float32)))
                 continue
-            extends = [e != self.nowhere and self.text(e).startswith(prefix) for e in scored.entries.tolist()]
+            extends = [e != self.nowhere and self.text(e).startswith(prefix) for e in listed.tolist()]
             mask = torch.tensor(extends, device=scored.probs.device)
             boosted.append((entry, scored.probs[mask].sum()))
         if not boosted:
             return None
-        return Scored(
-            torch.tensor([e for e, _ in boosted], device=self.c.device),
-            torch.stack([p.to(self.c.device) for _, p in boosted]),
-        )
+        chosen = np.asarray([e for e, _ in boosted], dtype=np.int64)
+        return Scored(self.device_entries(chosen), torch.stack([p.to(self.c.device) for _, p in boosted]), chosen)
 
     def sharpen_geometric(self, top_k: int) -> Scored:
         """The geometric-mean variant: prod_i p_i^w_i over the top-k candidates, renormalised."""
-        entries = self.candidates(top_k)
-        log_total = torch.zeros(len(entries), dtype=torch.float32, device=self.c.device)
+        listed = self.candidates(top_k)
+        log_total = torch.zeros(len(listed), dtype=torch.float32, device=self.c.device)
         for member in self.raw:
             if self.weights[member]:
-                log_total += self.weights[member] * torch.log(self.mass(member, entries).clamp(min=1e-30))
-        return Scored(entries, torch.softmax(log_total, dim=0))
+                log_total += self.weights[member] * torch.log(self.mass(member, listed).clamp(min=1e-30))
+        return Scored(self.device_entries(listed), torch.softmax(log_total, dim=0), listed)
 
     # ------------------------------------------------------------------ choosing
 
@@ -500,29 +559,59 @@ class Step:
         heaviest = max(self.raw, key=lambda m: (self.weights[m], -m))
         return self.own(heaviest).entry
 
+    def _host(self, scored: Scored) -> tuple[np.ndarray, list[float]]:
+        """A scored set's entries and values as host data, in one read at most."""
+        if scored.values is None:
+            if scored.listed is None:
+                both = torch.stack([scored.entries.double(), scored.probs.double()]).tolist()
+                scored.listed, scored.values = np.asarray(both[0], dtype=np.int64), both[1]
+            else:
+                scored.values = scored.probs.tolist()
+        return scored.host_entries(), scored.values
+
     def pick(self, scored: Scored) -> int:
-        """The best entry, ties resolved by the module's tie rule."""
-        best = scored.probs.max()
-        tied = scored.entries[scored.probs == best]
+        """The best entry, ties resolved by the module's tie rule. A short scored set is read once
+        and decided on the host; a long one (the full distribution, always in text order, so
+        its first tied entry is the smallest text) is decided on the device, one read."""
+        if scored.values is None and len(scored.entries) > _READ_WHOLE:
+            return self._pick_on_device(scored)
+        listed, values = self._host(scored)
+        best = max(values)
+        tied = [int(listed[k]) for k, value in enumerate(values) if value == best]
         if len(tied) == 1:
-            return int(tied[0])
+            return tied[0]
         preferred = self.preferred()
-        return preferred if bool((tied == preferred).any()) else min(tied.tolist(), key=self.text)
+        return preferred if preferred in tied else min(tied, key=self.text)
+
+    def _pick_on_device(self, scored: Scored) -> int:
+        listed = scored.host_entries()  # every long set a step builds has them as host data
+        preferred = self.preferred()
+        best = scored.probs.max()
+        is_best = scored.probs == best
+        preferred_tied = is_best[self.device_entries(np.flatnonzero(listed == preferred)[:1])].any()
+        first = torch.argmax(is_best.to(torch.int8))
+        count, first_position, tie = torch.stack([is_best.sum(), first, preferred_tied.long()]).tolist()  # one read
+        if count > 1 and tie:
+            return preferred
+        return int(listed[first_position])
 
     def choose(self, scored: Scored, settings: GenerationSettings, generator: torch.Generator | None) -> int:
-        """argmax (greedy) or a seeded sample after top-p, over a scored set of entries."""
+        """argmax (greedy) or a seeded sample after top-p, over a scored set of entries (drawn on
+        the generator's device: the combining device's, so nothing union-sized is copied)."""
         if settings.greedy or generator is None:
             return self.pick(scored)
         probs = top_p_filter(scored.probs, settings.top_p)
-        return int(scored.entries[sample(probs, generator)])
+        drawn = sample(probs, generator)
+        return int(scored.listed[drawn]) if scored.listed is not None else int(scored.entries[drawn])
 
     def full_scored(self) -> Scored:
         """The full distribution as scored entries in text order: the union's (positions = entries),
         the nowhere slot, then this step's own entries by text."""
         total = self.full()
-        fixed = torch.arange(self.nowhere + 1, device=self.c.device)
+        fixed = np.arange(self.nowhere + 1, dtype=np.int64)
         if not self._dynamic_texts:
-            return Scored(fixed, total)
-        own = sorted(range(self.nowhere + 1, self.size), key=self.text)
-        entries = torch.cat([fixed, torch.tensor(own, dtype=torch.long, device=self.c.device)])
-        return Scored(entries, total[entries])
+            return Scored(torch.arange(self.nowhere + 1, device=self.c.device), total, fixed)
+        own = np.asarray(sorted(range(self.nowhere + 1, self.size), key=self.text), dtype=np.int64)
+        listed = np.concatenate([fixed, own])
+        entries = self.device_entries(listed)
+        return Scored(entries, total[entries], listed)

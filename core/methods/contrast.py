@@ -97,7 +97,8 @@ class Contrastive(TokenMethod):
         generator = state.generators.get(request)
         if state.settings.greedy or generator is None:
             return step.pick(scored)
-        return step.choose(Scored(scored.entries, torch.softmax(scored.probs, dim=0)), state.settings, generator)
+        softmaxed = Scored(scored.entries, torch.softmax(scored.probs, dim=0), scored.listed)
+        return step.choose(softmaxed, state.settings, generator)
 
     def contrast(self, step: Step, expert: int, amateur: int | None) -> Scored:
         """The expert's plausible entries (in text order) with their contrastive scores; without
@@ -106,9 +107,9 @@ class Contrastive(TokenMethod):
         model twice has a contrast of exactly 0; only the cut needs the expert's whole
         distribution."""
         whole = step.full([1.0 if m == expert else 0.0 for m in range(len(step.weights))])
-        entries = step.in_text_order(torch.nonzero(self._plausible(whole)).flatten())
-        theirs = None if amateur is None else step.mass(amateur, entries)
-        return Scored(entries, self._scores(step.mass(expert, entries), theirs))
+        listed = step.in_text_order(torch.nonzero(self._plausible(whole)).flatten().cpu().numpy())  # one read
+        theirs = None if amateur is None else step.mass(amateur, listed)
+        return Scored(step.device_entries(listed), self._scores(step.mass(expert, listed), theirs), listed)
 
     def combine_options(
         self, binding: Binding, shares: Mapping[int, torch.Tensor], weights: Sequence[float]

@@ -417,7 +417,7 @@ class _Walk:
         else:
             entry, decision = self._sampled(step, j, draft_entry)
         self._trace(j, decision, b"" if entry == EOS_INDEX else step.text(entry))
-        self.run_.weights.observe(self.request, step.probabilities_of(entry))
+        self.run_.weights.observe(self.request, lambda: step.probabilities_of(entry))
         self.stats.weights = named_weights(self.state.members, step.weights)
         self._verifiers_write(step, found, entry)
         if drafted is not None and entry == draft_entry:

@@ -229,10 +229,12 @@ class _TokenRun(MethodRun):
         rest = []
         for request in state.requests:
             distribution = found[request]
-            if distribution is None or not self._confident(vocab, distribution, threshold):
+            greedy = None if distribution is None else greedy_choice(vocab, distribution)
+            if greedy is None or not greedy.prob > threshold:  # its top probability, at temperature 1 when greedy
                 rest.append(request)
                 continue
-            choice = own_choice(vocab, distribution, state.settings, state.generators.get(request))
+            generator = state.generators.get(request)
+            choice = greedy if generator is None else own_choice(vocab, distribution, state.settings, generator)
             if choice.eos:
                 commits[request] = Commit(eos=True)
             else:
@@ -240,17 +242,12 @@ class _TokenRun(MethodRun):
                 commits[request] = Commit(text=choice.text)
         return rest, {r: found[r] for r in rest}
 
-    @staticmethod
-    def _confident(vocab: MemberVocab, distribution: Continuations, threshold: float) -> bool:
-        """The primary's top probability (at temperature 1 when greedy) is above the threshold."""
-        return greedy_choice(vocab, distribution).prob > threshold
-
     def _ensembled(self, state: DecodeState, request: RequestId, distributions: dict[int, Continuations]) -> Commit:
         step = self.combiner.step(distributions, self.weights.of(request, state.weights.get(request)))
         stats = self._stats(request)
         stats.ensembled_steps += 1
         entry = self.method.decide(step, state, request, stats)
-        self.weights.observe(request, step.probabilities_of(entry))
+        self.weights.observe(request, lambda: step.probabilities_of(entry))
         if isinstance(self.method, WeightedTokenMethod):
             stats.weights = named_weights(state.members, step.weights)
         if entry == EOS_INDEX:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -99,10 +99,11 @@ class RequestWeights:
             return self._agreement(request).weights
         return prior
 
-    def observe(self, request: int, rewards: dict[int, float]) -> None:
-        """Members' probabilities of what was just committed (learning rules only)."""
+    def observe(self, request: int, rewards: Callable[[], dict[int, float]]) -> None:
+        """Members' probabilities of what was just committed, asked for only by a learning rule
+        (finding them reads the device)."""
         if self._rule is WeightRule.AGREEMENT:
-            self._agreement(request).observe(rewards)
+            self._agreement(request).observe(rewards())
 
     def drop(self, requests: Sequence[int]) -> None:
         for request in requests:

@@ -71,8 +71,8 @@ class SuffixTable:
     """Tokens' bytes past a fixed number of leading bytes (`TokenTable.suffixes`).
 
     Attributes:
-        ids: LongTensor [len(table)]: per token id, the index of its suffix text (-1: nothing
-            left, or a special token).
+        ids: int64 array [len(table)] (host data): per token id, the index of its suffix text
+            (-1: nothing left, or a special token).
         texts: the distinct suffix texts.
     """
 
@@ -155,18 +155,18 @@ class TokenTable:
     def suffixes(self, skip: int) -> SuffixTable:
         """Every token's bytes past its first `skip` (a prompt-boundary candidate re-covering
         `skip` committed bytes adds exactly these), numbered as distinct texts; built once per
-        `skip` and kept, so a step maps thousands of candidates with one tensor lookup."""
+        `skip` and kept, so a step maps thousands of candidates with one array lookup."""
         cache = self.__dict__.setdefault("_suffixes", {})
         if skip not in cache:
-            import torch
+            import numpy as np
 
             lengths = self.__dict__.get("_lengths")
             if lengths is None:
-                lengths = self.__dict__["_lengths"] = torch.tensor([len(b or b"") for b in self.token_bytes])
+                lengths = self.__dict__["_lengths"] = np.asarray([len(b or b"") for b in self.token_bytes])
             texts: list[bytes] = []
             position: dict[bytes, int] = {}
-            index = torch.full((len(self.token_bytes),), -1, dtype=torch.long)
-            longer = torch.nonzero(lengths > skip).flatten().tolist()  # few tokens are long: cheap for large skips
+            index = np.full(len(self.token_bytes), -1, dtype=np.int64)
+            longer = np.flatnonzero(lengths > skip).tolist()  # few tokens are long: cheap for large skips
             found = []
             for token in longer:
                 rest = self.token_bytes[token][skip:]  # type: ignore[index]
@@ -175,20 +175,20 @@ class TokenTable:
                     texts.append(rest)
                 found.append(at)
             if longer:
-                index[torch.tensor(longer, dtype=torch.long)] = torch.tensor(found, dtype=torch.long)
+                index[longer] = found
             cache[skip] = SuffixTable(index, texts)
         return cache[skip]
 
     def suffix_positions(self, skip: int) -> Any:
-        """LongTensor [len(suffixes(skip).texts)]: per suffix text, its index among the table's
+        """int64 array [len(suffixes(skip).texts)]: per suffix text, its index among the table's
         own distinct texts (`text_index`), or -1 where no whole token spells it."""
         cache = self.__dict__.setdefault("_suffix_positions", {})
         if skip not in cache:
-            import torch
+            import numpy as np
 
             _, _, position = self.text_index
             texts = self.suffixes(skip).texts
-            cache[skip] = torch.tensor([position.get(text, -1) for text in texts], dtype=torch.long)
+            cache[skip] = np.asarray([position.get(text, -1) for text in texts], dtype=np.int64)
         return cache[skip]
 
     def spell(self, ids: list[int]) -> bytes:

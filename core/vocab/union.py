@@ -27,8 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import torch
 
+from ensemble_core.vocab.segments import SegmentPlan
 from ensemble_core.vocab.tokens import TokenTable
 
 EOS_INDEX = 0
@@ -54,7 +56,24 @@ class MemberMap:
     _placed: dict[torch.device, MemberMap] = field(default_factory=dict, compare=False, repr=False)
 
     def has(self, entry: int) -> bool:
-        return 0 <= entry < len(self.first_id) and int(self.first_id[entry]) >= 0
+        return 0 <= entry < len(self.first_id) and int(self.host_first_id[entry]) >= 0
+
+    @cached_property
+    def host_to_union(self) -> np.ndarray:
+        """`to_union` as host data (numpy, sharing the CPU tensor's memory): lookups the host
+        makes are not reads of a device tensor."""
+        return self.to_union.cpu().numpy()
+
+    @cached_property
+    def host_first_id(self) -> np.ndarray:
+        """`first_id` as host data (see `host_to_union`)."""
+        return self.first_id.cpu().numpy()
+
+    @cached_property
+    def plan(self) -> SegmentPlan:
+        """How the member's ids add into the union's entries, in a fixed order (`vocab.segments`)."""
+        size = len(self.first_id)
+        return SegmentPlan.of([e if e < size else -1 for e in self.host_to_union.tolist()], size)
 
     @cached_property
     def shared_entries(self) -> torch.Tensor:
@@ -95,14 +114,14 @@ class UnionVocab:
         """The slot unmapped ids accumulate into (one past the last entry; ignored)."""
         return len(self.entries)
 
-    def suffix_entries(self, member: int, skip: int, table: TokenTable) -> torch.Tensor:
-        """LongTensor (CPU) over `table.suffixes(skip).texts`: each suffix text's union index, or -1
-        where no member has it as a whole token. Built once per member and `skip`, then kept."""
+    def suffix_entries(self, member: int, skip: int, table: TokenTable) -> np.ndarray:
+        """int64 array (host data) over `table.suffixes(skip).texts`: each suffix text's union index,
+        or -1 where no member has it as a whole token. Built once per member and `skip`, then kept."""
         cache = self.__dict__.setdefault("_suffix_entries", {})
         key = (member, skip)
         if key not in cache:
             texts = table.suffixes(skip).texts
-            cache[key] = torch.tensor([-1 if (i := self.index_of(t)) is None else i for t in texts], dtype=torch.long)
+            cache[key] = np.asarray([-1 if (i := self.index_of(t)) is None else i for t in texts], dtype=np.int64)
         return cache[key]
 
     def index_of(self, text: bytes) -> int | None:

@@ -135,7 +135,8 @@ def test_methods_read_the_same_numbers_from_the_summary_and_move_whole_groups_on
         assert asked["group"] == (0 if by_shortcut else 2)
         for i in local:
             probe = torch.randint(0, packaged_union.size, (300,), generator=generator)
-            probe = torch.unique(torch.cat([probe, here.partial[i][0][:100].clamp(max=packaged_union.size - 1)]))
+            heavy = torch.from_numpy(here.partial[i][0][:100]).clamp(max=packaged_union.size - 1)
+            probe = torch.unique(torch.cat([probe, heavy]))
             assert torch.equal(there.mass(i, probe), here.mass(i, probe))
         for yours, mine in (
             (there.unite(10, no_stand_in), here.unite(10, no_stand_in)),
