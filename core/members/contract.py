@@ -146,6 +146,10 @@ class Continuations:
     greedy: Any = None
     """The member's own greedy choice (a `members.own_choice.Choice`) where whoever built this
     already made it: a hosted member's actor does, so the whole distribution need not cross."""
+    host: tuple[tuple[np.ndarray, np.ndarray], ...] | None = field(default=None, compare=False, repr=False)
+    """Every partial group's (ids, probabilities) as host data, where whoever built this had
+    them (a covering computes its groups on the host and hands them to the device): then
+    `host_groups` reads nothing."""
 
     @property
     def exact(self) -> bool:
@@ -186,21 +190,31 @@ class Continuations:
         tokens and partial candidates together (what SAFE's sharpening gives a word it is
         unsure how to split). Added exactly (`math.fsum`), so the member's host and a driver
         holding the whole distribution agree to the bit, and only the sum need cross a wire."""
+        whole, partial = self.extending(prefix, vocab)
+        return math.fsum(whole.tolist() + partial)
+
+    def extending(self, prefix: bytes, vocab: MemberVocab) -> tuple[torch.Tensor, list[float]]:
+        """The parts `mass_extending` adds up, not yet read: the whole tokens' probabilities (a
+        tensor on the distribution's device) and the partial candidates' (host data), so a
+        caller can read many at once."""
         table = vocab.table
         ids = table.ids_starting_with(prefix)
-        ids = ids[(ids < self.width) & ~torch.isin(ids, torch.tensor(sorted(vocab.eos_ids), dtype=torch.long))]
-        values = self.probs_at(ids.to(self.device)).float().tolist()
-        for group in self.partial:
-            known, _ = group.known()
+        ids = ids[(ids < self.width) & ~np.isin(ids, list(vocab.eos_ids))]
+        whole = self.probs_at(torch.from_numpy(ids).to(self.device)).float()
+        partial: list[float] = []
+        for group, (known, probs) in zip(self.partial, self.host_groups(), strict=True):
             if len(known):  # every candidate of a group re-covers the same committed bytes
                 head = (table.token_bytes[int(known[0])] or b"")[: group.skip]
-                values += group.probs_of(table.ids_starting_with(head + prefix).tolist())
-        return math.fsum(values)
+                wanted = table.ids_starting_with(head + prefix)
+                partial += group.probs_of(wanted.tolist()) if not group.complete else _probs_of(known, probs, wanted)
+        return whole, partial
 
     def host_groups(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Every partial group's known candidates as host data, (int64 ids, float32
         probabilities), read in ONE read for all groups and kept (a step's combination and the
         member's own choice both need them; read again only if a group became complete since)."""
+        if self.host is not None:
+            return list(self.host)
         state = tuple(group.complete for group in self.partial)
         memo = self.__dict__.get("_host_groups")
         if memo is None or memo[0] != state:
@@ -225,6 +239,17 @@ class Continuations:
         if self.dense.device == device and self.dense.dtype == torch.float32:
             return self
         return replace(self, dense=self.dense.to(device, torch.float32))
+
+
+def _probs_of(ids: np.ndarray, probs: np.ndarray, wanted: np.ndarray) -> list[float]:
+    """Each wanted id's probability among (ids, probs) (0.0 where it is not one), host data."""
+    if not len(ids) or not len(wanted):
+        return [0.0] * len(wanted)
+    order = np.argsort(ids, kind="stable")
+    listed = ids[order]
+    at = np.searchsorted(listed, wanted).clip(max=len(listed) - 1)
+    hit = listed[at] == wanted
+    return np.where(hit, probs[order[at]].astype(np.float64), 0.0).tolist()
 
 
 @dataclass(frozen=True)

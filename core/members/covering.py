@@ -31,7 +31,7 @@ import bisect
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -101,11 +101,13 @@ class LeafIndex:
         )
         self._texts = [text for text, _ in pairs]
         self._ids = np.asarray([token for _, token in pairs], dtype=np.int64)
-        self._cache: dict[tuple[bytes, int, torch.device], torch.Tensor] = {}
+        self._cache: dict[tuple[bytes, int, torch.device], tuple[torch.Tensor, np.ndarray]] = {}
 
-    def longer_than(self, prefix: bytes, width: int | None = None, device: torch.device | None = None) -> torch.Tensor:
-        """Ids of emittable tokens whose bytes start with `prefix` and are longer (LongTensor),
-        below `width` if given, on `device` (the CPU by default): found on the host, moved once."""
+    def longer_than(
+        self, prefix: bytes, width: int | None = None, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Ids of emittable tokens whose bytes start with `prefix` and are longer, below `width` if
+        given: on `device` (the CPU by default; found on the host, moved once) and as host data."""
         key = (prefix, width or 0, device or torch.device("cpu"))
         found = self._cache.get(key)
         if found is None:
@@ -114,7 +116,7 @@ class LeafIndex:
             ids = self._ids[lo:hi]
             if width is not None:
                 ids = ids[ids < width]
-            found = torch.from_numpy(ids).to(key[2])
+            found = (torch.from_numpy(ids).to(key[2]), ids)
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[key] = found
@@ -229,6 +231,9 @@ def _encode_raw(tokenizer: Any, table: TokenTable, texts: Sequence[str]) -> list
 # ---------------------------------------------------------------------- one covering
 
 _MAX_BRANCHES = 8  # a draft read as the member's own tokens branches where several ids spell a piece
+# a usable path: the path, its leaves (on the device and as host data; None: every token), its
+# candidates' probabilities, and how many tokens it has
+_Pending = tuple["Path", "tuple[torch.Tensor, np.ndarray] | None", "torch.Tensor", int]
 
 
 @dataclass
@@ -265,7 +270,7 @@ class Covering:
     paths: list[Path]
     log_mass: float = 0.0  # log of the total probability of `rest` given the trunk
     dense_paths: list[Path] = field(default_factory=list)
-    groups: list[tuple[Path, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (path, leaves, probs)
+    groups: list[tuple[Path, Any, Any]] = field(default_factory=list)  # (path, leaves, probs as host data)
 
     @property
     def exact(self) -> bool:
@@ -451,12 +456,31 @@ class CoveringMode:
                 tree.want(path.node)
 
     def evaluate(self, covering: Covering, temperature: float) -> Continuations | None:
-        """The covering's distribution (its nodes' logits must be computed). Every path's token
-        log-probabilities and leaf mass are computed on the device and read in ONE read; the
-        weights are then host numbers, and the distribution is combined on the device."""
+        """The covering's distribution (its nodes' logits must be computed): one read."""
+        return self.evaluate_all([covering], temperature)[0]
+
+    def evaluate_all(self, coverings: Sequence[Covering], temperature: float) -> list[Continuations | None]:
+        """Several coverings' distributions with ONE read for all of them: every path's token
+        log-probabilities and leaf mass are computed on the device and read together; the
+        weights are then host numbers, and each distribution is combined on the device."""
+        prepared = [self._prepare(covering, temperature) for covering in coverings]
+        tensors = []
+        for pending, terms in prepared:
+            tensors += [t.reshape(1) for t in terms] + [probs.sum().reshape(1) for _, _, probs, _ in pending]
+            tensors += [probs for _, leaves, probs, _ in pending if leaves is not None]  # the groups' candidates
+        numbers = iter(torch.cat([t.double() for t in tensors]).tolist() if tensors else [])  # the one read
+        found = []
+        for covering, (pending, terms) in zip(coverings, prepared, strict=True):
+            mine = [next(numbers) for _ in range(len(terms) + len(pending))]
+            raw = [[next(numbers) for _ in range(len(probs))] for _, leaves, probs, _ in pending if leaves is not None]
+            found.append(self._combine(covering, temperature, pending, mine, raw))
+        return found
+
+    def _prepare(self, covering: Covering, temperature: float) -> tuple[list[_Pending], list[torch.Tensor]]:
+        """Each usable path with its leaves (on the device and as host data, from `LeafIndex`) and
+        candidates' probabilities, and its tokens' log terms (device scalars, nothing read)."""
         rest = covering.rest
-        width = self.session.vocab.width
-        pending: list[tuple[Path, torch.Tensor | None, torch.Tensor, int]] = []  # path, leaves, probs, its terms
+        pending: list[_Pending] = []
         terms: list[torch.Tensor] = []
         for path in covering.paths:
             parents = _parents(covering.trunk, path)
@@ -467,24 +491,38 @@ class CoveringMode:
             leaves = None
             if path.end < len(rest):
                 leaves = self.leaves.longer_than(rest[path.end :], probs.shape[0], probs.device)
-                if len(leaves) == 0:
+                if len(leaves[1]) == 0:
                     continue
-                probs = probs[leaves]
+                probs = probs[leaves[0]]
             terms.extend(_log_terms(p, t, temperature) for p, t in zip(parents, path.tokens, strict=True))
             pending.append((path, leaves, probs, len(path.tokens)))
-        if not pending:
-            return self._canonical_only(covering, temperature)
-        masses = [probs.sum() for _, _, probs, _ in pending]
-        numbers = torch.stack([t.double() for t in terms] + [m.double() for m in masses]).tolist()  # the one read
-        found: list[tuple[Path, torch.Tensor | None, torch.Tensor, float]] = []
+        return pending, terms
+
+    def _combine(
+        self,
+        covering: Covering,
+        temperature: float,
+        pending: list[_Pending],
+        numbers: list[float],
+        raw: list[list[float]],
+    ) -> Continuations | None:
+        """The distribution from the read numbers: per path its log terms (in path order), then
+        per path its leaf mass; `raw`: per path with leaves, its candidates' probabilities. The
+        partial groups are computed on the host from these and moved to the device, so host and
+        device hold the same numbers and nothing needs reading again."""
+        rest = covering.rest
+        terms, masses = numbers[: len(numbers) - len(pending)], numbers[len(numbers) - len(pending) :]
+        raws = iter(raw)
+        found: list[tuple[Path, torch.Tensor | None, Any, float]] = []
         at = 0
-        for (path, leaves, probs, count), mass in zip(pending, numbers[len(terms) :], strict=True):
+        for (path, leaves, probs, count), mass in zip(pending, masses, strict=True):
             path.log_weight = 0.0
-            for term in numbers[at : at + count]:  # a Python sum, token by token
+            for term in terms[at : at + count]:  # a Python sum, token by token
                 path.log_weight += term
             at += count
+            candidates = probs if leaves is None else np.asarray(next(raws), dtype=np.float64)
             if path.log_weight > -math.inf and mass > 0.0:
-                found.append((path, leaves, probs, path.log_weight + math.log(mass)))
+                found.append((path, leaves, candidates, path.log_weight + math.log(mass)))
         if not found:
             return self._canonical_only(covering, temperature)
         # weights relative to the heaviest contribution, so a remainder the model finds very
@@ -492,7 +530,7 @@ class CoveringMode:
         scale = max(log_mass for *_, log_mass in found)
         dense = None
         dense_paths: list[Path] = []
-        groups: list[tuple[Path, torch.Tensor, torch.Tensor]] = []
+        groups: list[tuple[Path, Any, Any]] = []  # (path, leaves, weighted probabilities as host data)
         total = 0.0
         for path, leaves, probs, log_mass in found:
             weight = math.exp(path.log_weight - scale)
@@ -503,15 +541,17 @@ class CoveringMode:
             else:
                 groups.append((path, leaves, probs * weight))
         if dense is None:
+            width = self.session.vocab.width
             dense = torch.zeros(width, dtype=torch.float32, device=covering.trunk.logits.device)  # type: ignore[union-attr]
         covering.log_mass = scale + math.log(total)
         covering.dense_paths = dense_paths
         covering.groups = groups
+        host = tuple((leaves[1], (probs / total).astype(np.float32)) for _, leaves, probs in groups)
         partial = tuple(
-            PartialGroup(len(rest) - path.end, leaves, probs / total, route=k)
-            for k, (path, leaves, probs) in enumerate(groups)
+            PartialGroup(len(rest) - path.end, leaves[0], torch.from_numpy(probs).to(leaves[0].device), route=k)
+            for k, ((path, leaves, _), (_, probs)) in enumerate(zip(groups, host, strict=True))
         )
-        return Continuations(dense / total, partial)
+        return Continuations(dense / total, partial, host=host)
 
     def _canonical_only(self, covering: Covering, temperature: float) -> Continuations | None:
         """Every covering path has probability 0 under the model (possible with hand-made
@@ -560,16 +600,29 @@ class CoveringMode:
         return self._continuations(state, plan, temperature, 0)
 
     def _continuations(self, state: RequestState, covering: Covering, temperature: float, offset: int):
+        return self.continuations_all(state, [covering], temperature, [offset])[0]
+
+    def continuations_all(
+        self, state: RequestState, coverings: Sequence[Covering], temperature: float, offsets: Sequence[int]
+    ) -> list[Continuations | None]:
+        """Each covering's `Continuations` for the request (one read for all that need one)."""
         from ensemble_core.members.session import Origin
 
-        if covering.exact:
-            node = covering.trunk
-            return Continuations(self.session.dense(node, temperature), origin=Origin(state.key, node, offset))
-        found = self.evaluate(covering, temperature)
-        if found is None:
-            self.session.mark_stuck(state, covering.rest)
-            return None
-        return Continuations(found.dense, found.partial, origin=Origin(state.key, covering.trunk, offset, covering))
+        inexact = [c for c in coverings if not c.exact]
+        evaluated = dict(zip(map(id, inexact), self.evaluate_all(inexact, temperature), strict=True))
+        out: list[Continuations | None] = []
+        for covering, offset in zip(coverings, offsets, strict=True):
+            if covering.exact:
+                node = covering.trunk
+                out.append(Continuations(self.session.dense(node, temperature), origin=Origin(state.key, node, offset)))
+                continue
+            found = evaluated[id(covering)]
+            if found is None:
+                self.session.mark_stuck(state, covering.rest)
+                out.append(None)
+                continue
+            out.append(replace(found, origin=Origin(state.key, covering.trunk, offset, covering)))
+        return out
 
     def write(self, state: RequestState, origin: Origin, pick: Pick) -> bool:
         session = self.session
@@ -592,7 +645,7 @@ class CoveringMode:
             tokens = [*path.tokens, pick.index]
         else:
             path, leaves, _ = covering.groups[pick.group]
-            tokens = [*path.tokens, int(leaves[pick.index])]
+            tokens = [*path.tokens, int(leaves[1][pick.index])]  # the host's copy: nothing read
         session.append_written(state, tokens)
         return True
 
@@ -669,20 +722,26 @@ class CoveringMode:
             )
             node = self._likeliest_child(node, plan.pieces[j])
         first = plan.first.get(id(node))
+        at: dict[int, Covering] = {}  # boundary -> its covering, all evaluated with one read
         if plan.adopted == plan.start and first is not None:
-            out[plan.adopted] = self._continuations(state, first, temperature, plan.offsets[plan.adopted])
+            at[plan.adopted] = first
         elif out[plan.adopted] is None:
             out[plan.adopted] = Continuations(
                 self.session.dense(node, temperature), origin=Origin(state.key, node, plan.offsets[plan.adopted])
             )
         for k, covering in enumerate(plan.tails.get(id(node), [])):
-            j = plan.adopted + 1 + k
-            out[j] = None if covering is None else self._continuations(state, covering, temperature, plan.offsets[j])
+            if covering is not None:
+                at[plan.adopted + 1 + k] = covering
+        found = self.continuations_all(state, list(at.values()), temperature, [plan.offsets[j] for j in at])
+        for j, continuations in zip(at, found, strict=True):
+            out[j] = continuations
         return out, plan.adopted
 
     def _likeliest_child(self, node: Node, piece: bytes) -> Node:
         """Of the ids spelling `piece`, the child the member gives the most probability to."""
         ids = self.table.ids_by_bytes.get(piece, ())
+        if len(ids) == 1:
+            return node.children[ids[0]]
         logits = node.logits
         best = max(ids, key=lambda t: float(logits[t]) if logits is not None and t < logits.shape[0] else -math.inf)
         return node.children[best]

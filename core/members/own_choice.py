@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -181,12 +182,15 @@ class Summary:
     choice: Choice
 
 
-def summarize(items: Sequence[tuple[MemberVocab, Continuations]], top_k: int) -> list[Summary]:
+def summarize(
+    items: Sequence[tuple[MemberVocab, Continuations]], top_k: int, also: Sequence[torch.Tensor] = ()
+) -> tuple[list[Summary], list[list[float]]]:
     """Every member's `Summary` with ONE read per device: each member's numbers are computed where
     its distribution is, packed, and the packs of one device are read together. A hosted
-    member's distribution answers from what already crossed the wire."""
+    member's distribution answers from what already crossed the wire. `also`: more 1-D tensors
+    the caller needs now (their values come back second), read in the same read."""
     found: list[Summary | None] = [None] * len(items)
-    packs: dict[torch.device, list[tuple[int, int, torch.Tensor]]] = {}
+    packs: dict[torch.device, list[tuple[int, int, torch.Tensor, Any]]] = {}
     for index, (vocab, distribution) in enumerate(items):
         if distribution.greedy is not None:  # made where the distribution was (a hosted member)
             values, ids = distribution.top(top_k)
@@ -200,17 +204,23 @@ def summarize(items: Sequence[tuple[MemberVocab, Continuations]], top_k: int) ->
         prepared = _PartialPrep(vocab, distribution) if distribution.partial else None
         parts.append(_choice_pack(vocab, dense, None if prepared is None else prepared.masses))
         packs.setdefault(dense.device, []).append((index, len(values), torch.cat(parts), prepared))
+    extra: list[list[float]] = [[] for _ in also]
+    for position, tensor in enumerate(also):
+        packs.setdefault(tensor.device, []).append((-1 - position, 0, tensor.double(), None))
     for pieces in packs.values():
         numbers = torch.cat([pack for _, _, pack, _ in pieces]).tolist()  # the one read of this device
         at = 0
         for index, k, pack, prepared in pieces:
             mine = numbers[at : at + len(pack)]
             at += len(pack)
+            if index < 0:
+                extra[-1 - index] = mine
+                continue
             vocab = items[index][0]
             rule = mine[2 + 2 * k :]
             choice = _choice_from(vocab, rule) if prepared is None else prepared.finish(rule)
             found[index] = Summary(mine[2 : 2 + k], [int(v) for v in mine[2 + k : 2 + 2 * k]], mine[0], mine[1], choice)
-    return found  # type: ignore[return-value]
+    return found, extra  # type: ignore[return-value]
 
 
 def _partial_choice(vocab: MemberVocab, distribution: Continuations) -> Choice:

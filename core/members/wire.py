@@ -296,6 +296,10 @@ class SummarizedContinuations(Continuations):
             answers[prefix] = self._fetch("mass_extending", prefix)
         return answers[prefix]
 
+    def extending(self, prefix: bytes, vocab: Any) -> tuple[torch.Tensor, list[float]]:
+        """The host's exact sum, as the one part there is to add."""
+        return torch.zeros(0), [self.mass_extending(prefix, vocab)]
+
     def on(self, device: torch.device) -> Continuations:
         return self  # answers stay on the CPU; the combining side moves the few values it reads
 

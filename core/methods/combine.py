@@ -33,6 +33,7 @@ entries and masses) is numpy, so every torch read left is a device read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -136,12 +137,39 @@ class Step:
         self.partial = {m: self._partial_masses(m, d) for m, d in self.raw.items()}
         self._in_part = {m for m, d in self.raw.items() if not all(g.complete for g in d.partial)}
         self._partial_sets: dict[int, set[int]] = {}
-        # every member's top-k, total and own choice: one read for them all
-        members = list(self.raw)
-        summaries = summarize([(combiner.members[m], self.raw[m]) for m in members], SHORTCUT_TOP_K)
-        self.summaries: dict[int, Summary] = dict(zip(members, summaries, strict=True))
+        self._summaries: dict[int, Summary] | None = None
+        self._prefetched: list[tuple[np.ndarray, torch.Tensor]] = []
+        self._scores: dict[bytes, list[float]] = {}
         self._own: dict[int, OwnChoice] = {}
         self._shortlisted: tuple[Scored, float] | None = None
+
+    # ------------------------------------------------------------------ the one read
+
+    @property
+    def summaries(self) -> dict[int, Summary]:
+        """Every member's top-k, total and own choice, read once for them all (with any scores
+        `prefetch` asked for before)."""
+        if self._summaries is None:
+            members = list(self.raw)
+            items = [(self.c.members[m], self.raw[m]) for m in members]
+            found, scores = summarize(items, SHORTCUT_TOP_K, [probs for _, probs in self._prefetched])
+            self._summaries = dict(zip(members, found, strict=True))
+            for (listed, _), values in zip(self._prefetched, scores, strict=True):
+                self._scores[listed.tobytes()] = values
+            self._prefetched = []
+        return self._summaries
+
+    def prefetch(self, listed: np.ndarray) -> None:
+        """These entries' combined scores will be needed: they are read with the summaries (when
+        those are read already, `scores` reads them on its own)."""
+        if self._summaries is None:
+            self._prefetched.append((listed, self.score(listed)))
+
+    def scores(self, listed: np.ndarray) -> list[float]:
+        """The entries' combined scores as host data (prefetched, or one read now)."""
+        self.summaries  # noqa: B018 - reads whatever was prefetched, with the summaries
+        found = self._scores.get(listed.tobytes())
+        return self.score(listed).tolist() if found is None else found
 
     # ------------------------------------------------------------------ entries
 
@@ -520,6 +548,7 @@ class Step:
         the mass of all characters it begins (e.g. all of CJK) and commit half a character."""
         listed, values = self._host(scored)
         boosted: list[tuple[int, torch.Tensor]] = []
+        extending: list[tuple[int, list[tuple[int, torch.Tensor, list[float]]]]] = []
         for position in [k for k, value in enumerate(values) if value > threshold]:
             entry = int(listed[position])
             if entry == EOS_INDEX or not self._has(drafter, entry):
@@ -528,16 +557,20 @@ class Step:
             if incomplete_utf8_suffix(prefix):
                 continue  # a lone lead byte would collect every character it starts, and split one
             if over_all:
-                gained = sum(
-                    self.weights[m] * self.raw[m].mass_extending(prefix, self.c.members[m])
-                    for m in self.raw
-                    if self.weights[m]
-                )
-                boosted.append((entry, torch.tensor(gained, dtype=torch.float32)))
+                parts = [(m, *self.raw[m].extending(prefix, self.c.members[m])) for m in self.raw if self.weights[m]]
+                extending.append((entry, parts))
                 continue
             extends = [e != self.nowhere and self.text(e).startswith(prefix) for e in listed.tolist()]
             mask = torch.tensor(extends, device=scored.probs.device)
             boosted.append((entry, scored.probs[mask].sum()))
+        if extending:  # every member's whole-token parts, for every entry, in one read
+            wholes = [whole.to(self.c.device) for _, parts in extending for _, whole, _ in parts]
+            read = iter(torch.cat(wholes).tolist())
+            for entry, parts in extending:
+                gained = 0.0
+                for member, whole, partial in parts:  # exact sums (`Continuations.mass_extending`)
+                    gained += self.weights[member] * math.fsum([next(read) for _ in range(len(whole))] + partial)
+                boosted.append((entry, torch.tensor(gained, dtype=torch.float32)))
         if not boosted:
             return None
         chosen = np.asarray([e for e, _ in boosted], dtype=np.int64)

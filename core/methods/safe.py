@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ensemble_core.config import GenerationSettings
@@ -332,7 +333,10 @@ class _SafeRun(MethodRun):
 
     def sharpens(self, scored: Scored) -> bool:
         """Whether the ensemble's choice is sharpened: no candidate reaches one half."""
-        return self.method.sharpen is not None and float(scored.probs.max()) < 0.5
+        if self.method.sharpen is None:
+            return False
+        best = max(scored.values) if scored.values is not None else float(scored.probs.max())
+        return best < 0.5
 
     def sharpened(self, step: Step, scored: Scored) -> Scored:
         """The sharpened choices. Over GaC's full distribution, the entries above the threshold
@@ -412,6 +416,8 @@ class _Walk:
         weights = self.run_.weights.of(self.request, self.state.weights.get(self.request))
         step = self.run_.combiner.step(distributions, weights)
         draft_entry = None if drafted is None else self._entry(step, drafted)
+        if draft_entry is not None and self.state.settings.greedy and self.run_.method.skip_tests:
+            step.prefetch(np.asarray([draft_entry], dtype=np.int64))  # read with the members' choices
         if self.state.settings.greedy:
             entry, decision = self._greedy(step, draft_entry)
         else:
@@ -438,7 +444,7 @@ class _Walk:
             if all(step.own(v).entry == draft_entry for v in run.verifiers):
                 self.stats.skipped_agree += 1
                 return draft_entry, "skipped_agree"
-            if float(step.score(torch.tensor([draft_entry], device=step.c.device))[0]) > 0.5:
+            if step.scores(np.asarray([draft_entry], dtype=np.int64))[0] > 0.5:
                 self.stats.skipped_mass += 1
                 return draft_entry, "skipped_mass"
         self.stats.ensembled_positions += 1
