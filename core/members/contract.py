@@ -286,9 +286,23 @@ class CandidateScore:
     tokens: int | None = None
 
     @property
-    def mean(self) -> float:
-        count = self.tokens if self.tokens else len(self.values)
-        return float(self.values.sum()) / max(1, count)
+    def count(self) -> int:
+        """How many tokens the mean is over."""
+        return max(1, self.tokens if self.tokens else len(self.values))
+
+
+def candidate_means(scores: Sequence[CandidateScore]) -> list[float]:
+    """Each score's mean per candidate token, with ONE read per device for all of them (each
+    sum taken where its values are, in float32, as `values.sum()` takes it)."""
+    sums: list[float] = [0.0] * len(scores)
+    by_device: dict[torch.device, list[int]] = {}
+    for index, score in enumerate(scores):
+        by_device.setdefault(score.values.device, []).append(index)
+    for indices in by_device.values():
+        read = torch.stack([scores[k].values.sum() for k in indices]).tolist()  # the one read
+        for k, value in zip(indices, read, strict=True):
+            sums[k] = value
+    return [total / score.count for total, score in zip(sums, scores, strict=True)]
 
 
 @dataclass

@@ -550,18 +550,19 @@ def reading_start(session: TreeSession, state: RequestState, offsets: list[int])
 
 
 def score_chain(plan: _ScorePlan, kind: ScoreKind) -> CandidateScore:
-    """Per-token log-probs (or raw logits) of a candidate's nodes under their parents' logits."""
+    """Per-token log-probs (or raw logits) of a candidate's nodes under their parents' logits,
+    on the logits' device and not read (`candidate_means` reads a round's scores together)."""
     if plan.missing or not plan.nodes:
         return CandidateScore(torch.tensor([float("-inf")]))
     values = []
     parent = plan.parent
     for node in plan.nodes:
         if kind is ScoreKind.LOGIT:
-            values.append(float(parent.logits[node.token].float()))  # type: ignore[index]
+            values.append(parent.logits[node.token].float())  # type: ignore[index]
         else:
             values.append(parent.logprob(node.token))
         parent = node
-    tensor = torch.tensor(values, dtype=torch.float32)
+    tensor = torch.stack(values)
     if plan.correction:
         tensor[0] += plan.correction
     return CandidateScore(tensor)

@@ -82,11 +82,12 @@ class Node:
             self._lse = torch.logsumexp(self.logits.float(), dim=-1)
         return self._lse
 
-    def logprob(self, token: int) -> float:
-        """log p(token | this node and its ancestors), at temperature 1."""
+    def logprob(self, token: int) -> torch.Tensor:
+        """log p(token | this node and its ancestors), at temperature 1: a float32 scalar on the
+        logits' device, not read (a candidate's tokens are read together)."""
         if self.logits is None:
             raise RuntimeError("the node's logits were not computed")
-        return float(self.logits[token].float() - self.log_normaliser())
+        return self.logits[token].float() - self.log_normaliser()
 
 
 @dataclass(eq=False)

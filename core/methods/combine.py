@@ -138,8 +138,9 @@ class Step:
         self._in_part = {m for m, d in self.raw.items() if not all(g.complete for g in d.partial)}
         self._partial_sets: dict[int, set[int]] = {}
         self._summaries: dict[int, Summary] | None = None
-        self._prefetched: list[tuple[np.ndarray, torch.Tensor]] = []
-        self._scores: dict[bytes, list[float]] = {}
+        self._asked: list[torch.Tensor] = []  # 1-D tensors to read with the summaries
+        self._answers: list[list[float]] = []
+        self._scores_at: dict[bytes, int] = {}  # prefetched entries -> where their scores are asked
         self._own: dict[int, OwnChoice] = {}
         self._shortlisted: tuple[Scored, float] | None = None
 
@@ -147,29 +148,36 @@ class Step:
 
     @property
     def summaries(self) -> dict[int, Summary]:
-        """Every member's top-k, total and own choice, read once for them all (with any scores
-        `prefetch` asked for before)."""
+        """Every member's top-k, total and own choice, read once for them all (with whatever was
+        asked for before: `prefetch`, `read_with_summaries`)."""
         if self._summaries is None:
             members = list(self.raw)
             items = [(self.c.members[m], self.raw[m]) for m in members]
-            found, scores = summarize(items, SHORTCUT_TOP_K, [probs for _, probs in self._prefetched])
+            found, self._answers = summarize(items, SHORTCUT_TOP_K, self._asked)
             self._summaries = dict(zip(members, found, strict=True))
-            for (listed, _), values in zip(self._prefetched, scores, strict=True):
-                self._scores[listed.tobytes()] = values
-            self._prefetched = []
         return self._summaries
+
+    def read_with_summaries(self, values: torch.Tensor) -> list[float]:
+        """A 1-D tensor's values, in the same read as the summaries where those are not read yet
+        (a method's own numbers and the members' choices then cost one sync together)."""
+        if self._summaries is not None:
+            return values.tolist()
+        self._asked.append(values)
+        self.summaries  # noqa: B018 - the read
+        return self._answers[len(self._asked) - 1]
 
     def prefetch(self, listed: np.ndarray) -> None:
         """These entries' combined scores will be needed: they are read with the summaries (when
         those are read already, `scores` reads them on its own)."""
         if self._summaries is None:
-            self._prefetched.append((listed, self.score(listed)))
+            self._scores_at[listed.tobytes()] = len(self._asked)
+            self._asked.append(self.score(listed))
 
     def scores(self, listed: np.ndarray) -> list[float]:
         """The entries' combined scores as host data (prefetched, or one read now)."""
         self.summaries  # noqa: B018 - reads whatever was prefetched, with the summaries
-        found = self._scores.get(listed.tobytes())
-        return self.score(listed).tolist() if found is None else found
+        at = self._scores_at.get(listed.tobytes())
+        return self.score(listed).tolist() if at is None else self._answers[at]
 
     # ------------------------------------------------------------------ entries
 

@@ -34,6 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ensemble_core.errors import ConfigError, GenerationError
@@ -41,6 +42,8 @@ from ensemble_core.members.contract import MemberVocab, RequestId
 from ensemble_core.methods.base import Binding, DecodeState, bind_all, check_fraction, register, role_index
 from ensemble_core.methods.combine import Scored, Step
 from ensemble_core.methods.token import TokenMethod, TokenStats
+
+_PEEK = 64  # candidates looked at before the whole plausibility mask is read
 
 
 @register("contrastive")
@@ -107,7 +110,7 @@ class Contrastive(TokenMethod):
         model twice has a contrast of exactly 0; only the cut needs the expert's whole
         distribution."""
         whole = step.full([1.0 if m == expert else 0.0 for m in range(len(step.weights))])
-        listed = step.in_text_order(torch.nonzero(self._plausible(whole)).flatten().cpu().numpy())  # one read
+        listed = step.in_text_order(self._plausible_entries(step, whole))
         theirs = None if amateur is None else step.mass(amateur, listed)
         return Scored(step.device_entries(listed), self._scores(step.mass(expert, listed), theirs), listed)
 
@@ -119,6 +122,18 @@ class Contrastive(TokenMethod):
         own, theirs = shares[binding.roles["expert"]], shares.get(binding.roles["amateur"])
         scores = torch.where(self._plausible(own), self._scores(own, theirs), -math.inf)
         return torch.softmax(scores, dim=0).to(torch.float32)
+
+    def _plausible_entries(self, step: Step, probs: torch.Tensor) -> np.ndarray:
+        """The plausible candidates' indices, host data, read with the members' choices: they
+        are among the top `_PEEK` unless the `_PEEK`-th is plausible too (a very flat
+        distribution), and only then is the whole mask read."""
+        peek = min(_PEEK, probs.shape[0])
+        values, ids = torch.topk(probs, peek)
+        plausible = self._plausible(values)  # values[0] is the maximum: the same cut as the whole
+        numbers = step.read_with_summaries(torch.cat([plausible.double(), ids.double()]))
+        if peek < probs.shape[0] and numbers[peek - 1]:
+            return torch.nonzero(self._plausible(probs)).flatten().cpu().numpy()
+        return np.asarray([int(i) for keep, i in zip(numbers[:peek], numbers[peek:], strict=True) if keep], np.int64)
 
     def _plausible(self, probs: torch.Tensor) -> torch.Tensor:
         """The expert's plausible candidates (a mask): at least `alpha` times its best."""

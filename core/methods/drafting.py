@@ -22,7 +22,7 @@ import torch
 
 from ensemble_core.config import GenerationSettings
 from ensemble_core.errors import ConfigError
-from ensemble_core.members.contract import Candidate, MemberVocab, RequestId, ScoreKind
+from ensemble_core.members.contract import Candidate, MemberVocab, RequestId, ScoreKind, candidate_means
 from ensemble_core.members.own_choice import Choice, own_choice
 from ensemble_core.methods.base import Binding, Commit, DecodeState, MethodRun, check_positive_int
 from ensemble_core.results import MethodStats
@@ -184,7 +184,8 @@ def score_candidates(
 
     def scores(scorer: int) -> dict[RequestId, list[float]]:
         found = state.sessions[scorer].score(rows, offered, kind)
-        return {row: [s.mean for s in per_row] for row, per_row in zip(rows, found, strict=True)}
+        means = iter(candidate_means([s for per_row in found for s in per_row]))
+        return {row: [next(means) for _ in per_row] for row, per_row in zip(rows, found, strict=True)}
 
     return state.each(scorers, scores)
 
