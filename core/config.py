@@ -23,6 +23,8 @@ class GenerationSettings(BaseModel):
         top_p: nucleus sampling: keep the smallest set of tokens whose mass reaches top_p.
         seed: makes sampling reproducible; each prompt gets its own generator seeded with
             it, so a prompt's text does not depend on what else is in the batch.
+        constraint: what the reply must match (`ensemble_core.constraints`: JSONSchema,
+            JSONObject, Regex, Choice, Grammar; docs/constraints.md); None: free text.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -32,6 +34,21 @@ class GenerationSettings(BaseModel):
     temperature: float = 0.0
     top_p: float = 1.0
     seed: StrictInt | None = None
+    constraint: Any = None
+
+    @field_validator("constraint")
+    @classmethod
+    def _a_constraint(cls, value: Any) -> Any:
+        from ensemble_core.constraints import Constraint
+
+        if value is not None and not isinstance(value, Constraint):
+            raise ValueError(
+                f"`constraint` has to be an `ensemble_core.constraints` constraint (JSONSchema, JSONObject, "
+                f"Regex, Choice, Grammar), but is {type(value).__name__}"
+            )
+        if value is not None:
+            value.grammar()  # checked now: an unsupported feature fails before any model runs
+        return value
 
     @field_validator("max_new_tokens")
     @classmethod
@@ -92,6 +109,7 @@ class SettingsKwargs(TypedDict, total=False):
     temperature: float
     top_p: float
     seed: int | None
+    constraint: Any
 
 
 def build_settings(**values: Any) -> GenerationSettings:

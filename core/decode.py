@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -48,6 +49,7 @@ class _Active:
     started: float
     since: dict[int, SessionStats]  # the sessions' totals when it joined (its stats are what came after)
     steps: int = 0
+    constraint: Any = None  # its ConstraintState, if its reply is constrained
 
 
 def batch_key(settings: GenerationSettings) -> tuple:
@@ -146,6 +148,8 @@ class DecodeLoop:
             self._active.append(item)
             self._state.generators[request] = row_generator(one)
             self._state.tails[request] = item.text.tail
+            if one.constraint is not None:
+                self._state.constraints[request] = item.constraint = self._run.constrain(one.constraint)
         if weights is not None:
             self._state.weights.update(zip(requests, weights, strict=True))
         return requests
@@ -236,10 +240,14 @@ def decode(
 
 def _apply(item: _Active, commit: Commit) -> FinishReason | None:
     item.steps += commit.tokens
+    if item.constraint is not None:
+        item.constraint.advance(commit.text)
     if item.text.append(commit.text):
         return "stop"
     if commit.eos:
         return "eos"
+    if item.constraint is not None and item.constraint.finished:
+        return "stop"  # the grammar is complete: nothing more may be written
     if item.steps >= item.limit:
         return "length"
     return None

@@ -427,6 +427,12 @@ class Ensemble:
         if not isinstance(reply_prefix, str):
             raise ConfigError(f"`reply_prefix` must be a string, but is {type(reply_prefix).__name__}.")
         check_text(reply_prefix, "reply_prefix")
+        self.binding.method.check_constraint(settings.constraint)
+        if settings.constraint is not None and reply_prefix:
+            raise ConfigError(
+                "`reply_prefix` and `constraint` do not combine: a constraint decides the reply from its first "
+                "byte (a JSON constraint writes the opening brace itself). Drop `reply_prefix`."
+            )
         checked_tools = validate_tools(tools)
         rendered: dict[int, list[RenderedPrompt]] = {}
         for m in self.binding.participants:

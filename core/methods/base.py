@@ -77,6 +77,7 @@ class DecodeState:
     weights: dict[RequestId, tuple[float, ...]] = field(default_factory=dict)
     lanes: Lanes = field(default_factory=Lanes)
     member_generators: dict[tuple[RequestId, int], torch.Generator] = field(default_factory=dict)
+    constraints: dict[RequestId, Any] = field(default_factory=dict)  # per request, its ConstraintState
 
     def each(self, members: Iterable[int], work: Callable[[int], T]) -> dict[int, T]:
         """`work(m)` for every member, members of different lanes concurrently (`members.lanes`).
@@ -116,6 +117,7 @@ class DecodeState:
             self.generators.pop(request, None)
             self.tails.pop(request, None)
             self.weights.pop(request, None)
+            self.constraints.pop(request, None)
         for key in [k for k in self.member_generators if k[0] in ended]:
             del self.member_generators[key]
 
@@ -152,6 +154,10 @@ class MethodRun(ABC):
     def drop(self, requests: Sequence[RequestId]) -> None:  # noqa: B027 - optional hook
         """These requests ended: forget their state."""
 
+    def constrain(self, constraint: Any) -> Any:
+        """A request's `ConstraintState` for `constraint` (methods that honour constraints)."""
+        raise ConfigError(f"{type(self).__name__} cannot honour a constraint.")
+
 
 @dataclass(frozen=True)
 class Binding:
@@ -187,6 +193,16 @@ class Method(ABC):
     """A decoding strategy over members: immutable configuration, checked when made."""
 
     name: ClassVar[str]
+    constraint_refusal: ClassVar[str | None] = "it has no rule for constrained text yet"
+    """Why the method cannot honour a constraint (None: it can; docs/constraints.md)."""
+
+    def check_constraint(self, constraint: Any) -> None:
+        """Raise `ConfigError` when a constraint is asked of a method that cannot honour it."""
+        if constraint is not None and self.constraint_refusal is not None:
+            raise ConfigError(
+                f"{type(self).__name__} cannot honour a constraint: {self.constraint_refusal}. Use GaC, UniTE, "
+                "contrastive decoding or the gate (GaC with a threshold) for constrained replies."
+            )
 
     @abstractmethod
     def bind(self, members: Sequence[MemberVocab]) -> Binding:

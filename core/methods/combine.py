@@ -36,16 +36,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ensemble_core.config import GenerationSettings
+from ensemble_core.errors import GenerationError
 from ensemble_core.members.contract import Continuations, MemberVocab, Pick
 from ensemble_core.members.own_choice import Summary, greedy_choice, summarize
 from ensemble_core.sampling import sample, top_p_filter
 from ensemble_core.vocab.union import EOS_INDEX, MemberMap, UnionVocab
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
+
+if TYPE_CHECKING:
+    from ensemble_core.constraints.matcher import ConstraintState
 
 # Greedy shortcut: candidates are each member's top-k; k = 32 decides exactly in nearly every
 # step (ALGORITHMS.md section 8) and costs a fraction of a millisecond.
@@ -110,10 +115,16 @@ class Combiner:
         self.device = device
         self.maps: list[MemberMap] = [m.on(device) for m in union.maps]
 
-    def step(self, distributions: Mapping[int, Continuations], weights: Sequence[float] | None = None) -> Step:
+    def step(
+        self,
+        distributions: Mapping[int, Continuations],
+        weights: Sequence[float] | None = None,
+        constraint: ConstraintState | None = None,
+    ) -> Step:
         """The members' distributions for one position of one request, ready to combine (with
-        that request's own weights when it has them, e.g. from `weights="auto"`)."""
-        return Step(self, distributions, weights)
+        that request's own weights when it has them, e.g. from `weights="auto"`, and under its
+        constraint when its reply is constrained: then only allowed entries are chosen)."""
+        return Step(self, distributions, weights, constraint)
 
 
 class Step:
@@ -121,9 +132,14 @@ class Step:
     candidate text given an entry (a union index, or a per-step index past the union)."""
 
     def __init__(
-        self, combiner: Combiner, distributions: Mapping[int, Continuations], weights: Sequence[float] | None = None
+        self,
+        combiner: Combiner,
+        distributions: Mapping[int, Continuations],
+        weights: Sequence[float] | None = None,
+        constraint: ConstraintState | None = None,
     ):
         self.c = combiner
+        self.constraint = constraint
         self.weights = list(combiner.weights if weights is None else weights)
         self.union = combiner.union
         # every member's distribution on the combining device (moved once; a hosted member's
@@ -455,11 +471,65 @@ class Step:
         return total
 
     def greedy(self) -> tuple[int, bool]:
-        """The exact argmax of the full distribution, and whether the shortcut decided it."""
+        """The exact argmax of the full distribution (of its allowed entries, under a constraint),
+        and whether the shortcut decided it."""
+        if self.constraint is not None:
+            return self._constrained_greedy()
         decided = self.shortcut()
         if decided is not None:
             return self.pick(decided), True
         return self.pick(self.full_scored()), False
+
+    def _constrained_greedy(self) -> tuple[int, bool]:
+        """The shortcut's argument with a constraint: the best ALLOWED shortlisted candidate is
+        the constrained argmax when it beats the bound on every entry outside the shortlist
+        (allowed or not); otherwise the full distribution's allowed entries decide."""
+        shortlist, bound = self._shortlist()
+        allowed = self.allowed(shortlist)
+        if allowed is not None and max(allowed.host_values()) > bound + _BOUND_SLACK:
+            return self.pick(allowed), True
+        return self.pick(self.full_scored()), False
+
+    # ------------------------------------------------------------------ constraints
+
+    def allowed(self, scored: Scored) -> Scored | None:
+        """The scored entries the constraint allows (all of them without one; None: none is)."""
+        if self.constraint is None:
+            return scored
+        listed = scored.host_entries()
+        keep = np.flatnonzero(self._allowed_mask(listed))
+        if not len(keep):
+            return None
+        if len(keep) == len(listed):
+            return scored
+        values = None if scored.values is None else [scored.values[k] for k in keep]
+        positions = self.device_entries(keep)
+        return Scored(scored.entries[positions], scored.probs[positions], listed[keep], values)
+
+    def _allowed_mask(self, listed: np.ndarray) -> np.ndarray:
+        """bool per listed entry: union entries from the constraint's bitmask (the end: entry 0),
+        never the nowhere slot, this step's own texts checked one by one."""
+        assert self.constraint is not None
+        union = self.constraint.allowed_entries()
+        mask = np.zeros(len(listed), dtype=bool)
+        inside = listed < self.nowhere
+        mask[inside] = union[listed[inside]]
+        for k in np.flatnonzero(listed > self.nowhere):
+            mask[k] = self.constraint.allows(self.text(int(listed[k])))
+        return mask
+
+    def _constrained(self, scored: Scored) -> Scored:
+        """`allowed`, falling back to the full distribution's allowed entries when the method's
+        own set has none (e.g. UniTE's top-k or contrastive's plausible set); a step where no
+        entry at all is allowed is a dead end the grammar cannot leave, said loudly."""
+        found = self.allowed(scored)
+        if found is None:
+            found = self.allowed(self.full_scored())
+        if found is None:
+            what = self.constraint.constraint.describe()  # type: ignore[union-attr]
+            tail = bytes(self.constraint.committed[-40:]).decode(errors="replace")  # type: ignore[union-attr]
+            raise GenerationError(f"No text any member can write is allowed by the {what} after {tail!r}.")
+        return found
 
     def shortcut(self) -> Scored | None:
         """The candidates whose best is provably the argmax of the full distribution, scored
@@ -614,6 +684,8 @@ class Step:
         """The best entry, ties resolved by the module's tie rule. A short scored set is read once
         and decided on the host; a long one (the full distribution, always in text order, so
         its first tied entry is the smallest text) is decided on the device, one read."""
+        if self.constraint is not None:
+            scored = self._constrained(scored)
         if scored.values is None and len(scored.entries) > _READ_WHOLE:
             return self._pick_on_device(scored)
         listed, values = self._host(scored)
@@ -641,6 +713,10 @@ class Step:
         the generator's device: the combining device's, so nothing union-sized is copied)."""
         if settings.greedy or generator is None:
             return self.pick(scored)
+        if self.constraint is not None:  # renormalised over the allowed entries
+            scored = self._constrained(scored)
+            total = scored.probs.sum()
+            scored = Scored(scored.entries, torch.where(total > 0, scored.probs / total, scored.probs), scored.listed)
         probs = top_p_filter(scored.probs, settings.top_p)
         drawn = sample(probs, generator)
         return int(scored.listed[drawn]) if scored.listed is not None else int(scored.entries[drawn])

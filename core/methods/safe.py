@@ -98,6 +98,10 @@ class SAFE(Method):
             pieces always, as the paper does.
     """
 
+    constraint_refusal = (
+        "its skip tests keep drafted pieces whole, and trimming a draft to the part a grammar allows is not built yet"
+    )
+
     drafter: str | None = None
     draft_len: int = 5
     base: str = "gac"

@@ -56,6 +56,10 @@ class SpecFuse(Method):
         unit: "words" (cut back to whole words, default) or "tokens" (exactly segment_tokens).
     """
 
+    constraint_refusal = (
+        "its members draft whole segments freely, and trimming candidates to the part a grammar allows is not built yet"
+    )
+
     segment_tokens: int = 10
     score: str = "logprob"
     exit: bool = True

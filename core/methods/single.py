@@ -31,6 +31,8 @@ class Single(Method):
         >>> Ensemble([qwen, smol], method=Single(member="smollm2-135m-instruct"))  # doctest: +SKIP
     """
 
+    constraint_refusal = "a member alone takes its own choices, and filtering them by a grammar is not built yet"
+
     member: str | None = None
 
     def __post_init__(self) -> None:

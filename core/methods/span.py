@@ -61,6 +61,10 @@ class SweetSpan(Method):
         weights: the scorers' weights (numbers, one per member, normalised); default equal.
     """
 
+    constraint_refusal = (
+        "its members draft whole spans freely, and trimming candidates to the part a grammar allows is not built yet"
+    )
+
     span_words: int = 4
     max_span_tokens: int = 16
     self_score: bool = False

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ensemble_core.config import GenerationSettings
+from ensemble_core.constraints import Constraint
+from ensemble_core.constraints.matcher import ConstraintState
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.contract import Continuations, MemberVocab, RequestId
-from ensemble_core.members.own_choice import greedy_choice, own_choice
+from ensemble_core.members.own_choice import Choice, greedy_choice, own_choice
 from ensemble_core.methods.base import (
     Binding,
     Commit,
@@ -80,6 +82,8 @@ class TokenStats(MethodStats):
 
 class TokenMethod(Method):
     """Shared machinery of the every-step token methods: gate, union, the run."""
+
+    constraint_refusal = None  # every decision is a step's choice among texts: the allowed ones
 
     def reference(self, members: Sequence[MemberVocab]) -> int:
         return 0
@@ -235,6 +239,9 @@ class _TokenRun(MethodRun):
                 continue
             generator = state.generators.get(request)
             choice = greedy if generator is None else own_choice(vocab, distribution, state.settings, generator)
+            if not _allowed_choice(state.constraints.get(request), choice):
+                rest.append(request)  # the grammar rejects the primary's text: the ensemble decides
+                continue
             if choice.eos:
                 commits[request] = Commit(eos=True)
             else:
@@ -243,7 +250,8 @@ class _TokenRun(MethodRun):
         return rest, {r: found[r] for r in rest}
 
     def _ensembled(self, state: DecodeState, request: RequestId, distributions: dict[int, Continuations]) -> Commit:
-        step = self.combiner.step(distributions, self.weights.of(request, state.weights.get(request)))
+        weights = self.weights.of(request, state.weights.get(request))
+        step = self.combiner.step(distributions, weights, state.constraints.get(request))
         stats = self._stats(request)
         stats.ensembled_steps += 1
         entry = self.method.decide(step, state, request, stats)
@@ -260,6 +268,18 @@ class _TokenRun(MethodRun):
 
     def stats(self, request: RequestId) -> MethodStats:
         return self._stats(request)
+
+    def constrain(self, constraint: Constraint) -> ConstraintState:
+        return ConstraintState(constraint, self.combiner.union)
+
+
+def _allowed_choice(constraint: ConstraintState | None, choice: Choice) -> bool:
+    """Whether a member's own choice may be committed under the request's constraint."""
+    if constraint is None:
+        return True
+    if choice.eos:
+        return constraint.allows_end()
+    return not choice.control and constraint.allows(choice.text)
 
     def drop(self, requests: Sequence[RequestId]) -> None:
         for request in requests:
