@@ -160,9 +160,14 @@ class DecodeLoop:
         if not self._active:
             return []
         state = self._state
-        state.requests = self.requests
+        # what a grammar forces is committed as it stands: no member need decide it, and it
+        # costs no tokens of `max_new_tokens` (as a reply prefix would not)
+        forced = {a.request: a.constraint.forced() for a in self._active if a.constraint is not None}
+        forced = {request: text for request, text in forced.items() if text}
+        state.requests = [r for r in self.requests if r not in forced]
         state.remaining = {a.request: a.limit - a.steps for a in self._active}
-        commits = self._run.step(state)
+        commits = self._run.step(state) if state.requests else {}
+        commits.update({request: Commit(text=text, tokens=0) for request, text in forced.items()})
         out: list[tuple[RequestId, StreamChunk]] = []
         finished: list[_Active] = []
         for item in self._active:

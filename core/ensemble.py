@@ -355,6 +355,11 @@ class Ensemble:
         return f"{self.method.name}({'+'.join(m.name for m in self.members)})"
 
     @property
+    def constrains(self) -> bool:
+        """Whether the method honours `constraint=` (docs/constraints.md)."""
+        return self.binding.method.constraint_refusal is None
+
+    @property
     def combining_device(self) -> torch.device:
         """Where the method combines the members' distributions: the reference member's device
         (the drafter's, the primary's, the single member's, else the first member's). Each

@@ -299,6 +299,7 @@ class ChatEnsemble(BaseChatModel):
             served=self.model_name,
             caller="ChatEnsemble",
             renamed=_RENAMED,
+            constrains=lambda: self._get_ensemble().constrains,
         )
 
     def _chunks(self, assembler: ReplyAssembler, core_chunk: StreamChunk) -> list[ChatGenerationChunk]:

@@ -297,6 +297,7 @@ class EnsembleLLM(FunctionCallingLLM):
             pick_tool=lambda prompt, tools: self._get_ensemble().pick_tool(prompt, tools),
             served=self.model_name,
             caller="EnsembleLLM",
+            constrains=lambda: self._get_ensemble().constrains,
         )
 
     def _get_ensemble(self) -> Ensemble:

@@ -83,7 +83,9 @@ def readme_snippet(marker: str) -> str:
 
 
 @pytest.mark.packaged
-@pytest.mark.parametrize("marker", ["ChatEnsemble(", "EnsembleLLM(", "FakeMember.scripted(", "num_threads=1"])
+@pytest.mark.parametrize(
+    "marker", ["ChatEnsemble(", "EnsembleLLM(", "FakeMember.scripted(", "num_threads=1", "JSONSchema("]
+)
 def test_readme_snippets_run_as_written(marker: str, in_process) -> None:
     assert in_process(source=readme_snippet(marker)).strip()
 

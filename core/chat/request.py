@@ -18,6 +18,7 @@ from ensemble_core.chat.conversation import with_system_note
 from ensemble_core.chat.templates import validate_tools
 from ensemble_core.chat.tool_calls import plan_tools, resolve_tool_choice
 from ensemble_core.config import GenerationSettings, build_settings
+from ensemble_core.constraints import Constraint, JSONObject, JSONSchema
 from ensemble_core.errors import ConfigError
 
 SETTINGS = tuple(GenerationSettings.model_fields)
@@ -41,12 +42,15 @@ class ChatRequest:
         tools: OpenAI-style tool dicts offered to the members, or None.
         reply_prefix: the start of the reply the members are made to continue (a forced call's
             opening, or a JSON object's); the reply is read as `reply_prefix + result.text`.
+        constraint: what the reply must match (a JSON schema, any JSON object, a forced call),
+            when the ensemble's method honours constraints; then `reply_prefix` is "".
     """
 
     prompt: list[dict[str, Any]]
     settings: dict[str, Any]
     tools: list[dict[str, Any]] | None = None
     reply_prefix: str = ""
+    constraint: Constraint | None = None
 
     @property
     def tool_names(self) -> list[str] | None:
@@ -56,7 +60,8 @@ class ChatRequest:
     @property
     def core_arguments(self) -> dict[str, Any]:
         """Keyword arguments for `Ensemble.generate`/`stream`/`agenerate`/`astream`."""
-        return {"tools": self.tools, "reply_prefix": self.reply_prefix, **self.settings}
+        shape = {} if self.constraint is None else {"constraint": self.constraint}
+        return {"tools": self.tools, "reply_prefix": self.reply_prefix, **shape, **self.settings}
 
 
 def build_request(
@@ -68,6 +73,7 @@ def build_request(
     served: str,
     caller: str,
     renamed: Mapping[str, str] | None = None,
+    constrains: bool | Callable[[], bool] = False,
 ) -> ChatRequest:
     """The `ChatRequest` for one call; every option is checked before `pick_tool` or any model runs.
 
@@ -87,6 +93,10 @@ def build_request(
         caller: the front end's name for messages ("ChatEnsemble").
         renamed: the front end's own names for core options, e.g. `{"max_tokens": "max_new_tokens"}`
             (then `max_new_tokens` itself is unknown to that front end).
+        constrains: whether the ensemble's method honours constraints (`Ensemble.constrains`),
+            or a function that tells (asked after every check, like `pick_tool`): then a JSON
+            `response_format` and a forced tool call are enforced by a grammar; otherwise they
+            are asked for in the prompt and the reply is opened for the members.
 
     Raises:
         ConfigError: an unknown option or a bad value; the message names the field and the fix.
@@ -105,6 +115,12 @@ def build_request(
     if parallel is not None and not isinstance(parallel, bool):
         raise ConfigError(f"`parallel_tool_calls` has to be True, False or None, but is {parallel!r}.")
     note, opening = json_reply(given.get("response_format"))
+    shape = json_constraint(given.get("response_format")) if opening else None
+    if shape is not None:
+        shape.grammar()  # an unsupported schema feature fails here, named
+    if callable(constrains):
+        constrains = constrains()
+    shape = shape if constrains else None
     prompt = [dict(message) for message in messages]
     plan = plan_tools(
         tools,
@@ -112,10 +128,15 @@ def build_request(
         parallel_calls=parallel is not False,
         stop=settings["stop"],
         pick_tool=lambda offered: pick_tool(prompt, offered),
+        constrain=constrains,
     )
     if note:
         prompt = with_system_note(prompt, note)
-    return ChatRequest(prompt, {**settings, "stop": plan.stop}, plan.tools, plan.reply_prefix or opening)
+    if plan.constraint is not None or plan.reply_prefix:  # a forced call comes first
+        return ChatRequest(prompt, {**settings, "stop": plan.stop}, plan.tools, plan.reply_prefix, plan.constraint)
+    if shape is not None:
+        return ChatRequest(prompt, {**settings, "stop": plan.stop}, plan.tools, "", shape)
+    return ChatRequest(prompt, {**settings, "stop": plan.stop}, plan.tools, opening)
 
 
 def _core_names(options: Mapping[str, Any], caller: str, renamed: Mapping[str, str]) -> dict[str, Any]:
@@ -181,6 +202,15 @@ def json_reply(response_format: Mapping[str, Any] | None) -> tuple[str, str]:
     first, first_spec = next(iter(properties.items()))
     string_value = isinstance(first_spec, Mapping) and first_spec.get("type") == "string"
     return note, '{"' + first + '": ' + ('"' if string_value else "")
+
+
+def json_constraint(response_format: Mapping[str, Any]) -> Constraint:
+    """The constraint of a JSON `response_format` (one `json_reply` accepted)."""
+    if response_format.get("type") == "json_object":
+        return JSONObject()
+    nested = response_format.get("json_schema")
+    schema = response_format.get("schema") or (nested.get("schema") if isinstance(nested, Mapping) else None)
+    return JSONSchema(dict(schema))  # type: ignore[arg-type]
 
 
 def _key_line(key: str, spec: Any, required: bool) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ensemble_core.constraints.kinds import Grammar, json_rule
 from ensemble_core.errors import ConfigError
 
 CALL_OPEN = "<tool_call>"
@@ -275,6 +276,19 @@ def forced_call_prefix(tools: Sequence[Mapping[str, Any]], choice: str) -> str:
     return f'{CALL_OPEN}\n{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": {arguments}'
 
 
+def forced_call_grammar(tools: Sequence[Mapping[str, Any]], name: str) -> Grammar:
+    """A forced call of tool `name` as a grammar: the call's fixed opening, then arguments valid
+    under the tool's parameter schema, then the brace that closes the call (for methods that
+    honour constraints: nothing is left to get wrong, and no reply prefix is needed). The
+    reply ends there: the closing tag is not written (templates make `</tool_call>` a special
+    token, which spells no text), and the parser reads an unclosed last call as closed."""
+    parameters = dict(_function(tools, name).get("parameters") or {"type": "object"})
+    if not parameters.get("properties"):
+        parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+    opening = f'{CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+    return Grammar(f'start: {json.dumps(opening)} arguments "}}"\narguments: {json_rule(parameters)}')
+
+
 def _function(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
     return next(t["function"] for t in tools if t["function"]["name"] == name)
 
@@ -316,13 +330,16 @@ class ToolPlan:
 
     Attributes:
         tools: the tools to render (None: none offered, e.g. for tool_choice "none").
-        reply_prefix: a forced call's opening ("" when the model decides).
+        reply_prefix: a forced call's opening ("" when the model decides, or when `constraint`
+            writes the call).
         stop: the call's stop strings, plus `</tool_call>` when only one call is wanted.
+        constraint: a forced call as a grammar (when the method honours constraints), or None.
     """
 
     tools: list[dict[str, Any]] | None
     reply_prefix: str
     stop: list[str]
+    constraint: Grammar | None = None
 
     @property
     def tool_names(self) -> list[str] | None:
@@ -336,17 +353,21 @@ def plan_tools(
     parallel_calls: bool,
     stop: Sequence[str],
     pick_tool: Callable[[list[dict[str, Any]]], str],
+    constrain: bool = False,
 ) -> ToolPlan:
     """The `ToolPlan` for a resolved `choice` (see `resolve_tool_choice`).
 
     "any" of several tools is settled by `pick_tool` (the ensemble scores the names, see
     `Ensemble.pick_tool`) before the call is forced: a small model left to write the name may
     invent one. Without `parallel_calls` generation stops after the first call (the parser
-    reads the unclosed call as closed).
+    reads the unclosed call as closed). With `constrain` (the method honours constraints), a
+    forced call is a grammar (`forced_call_grammar`) instead of a reply prefix.
     """
     offered = [dict(t) for t in tools] if tools and choice != "none" else None
     if offered and choice == "any":
         choice = pick_tool(offered) if len(offered) > 1 else offered[0]["function"]["name"]
+    if constrain and offered and choice:
+        return ToolPlan(offered, "", list(stop), forced_call_grammar(offered, choice))
     prefix = forced_call_prefix(offered, choice) if offered and choice else ""
     stops = [*stop, *([CALL_CLOSE] if offered and not parallel_calls else [])]
     if offered and choice and not _takes_arguments(_function(offered, choice)):

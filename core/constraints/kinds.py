@@ -80,6 +80,12 @@ class JSONSchema(Constraint):
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+def json_rule(schema: dict[str, Any]) -> str:
+    """A Lark rule body for a JSON value under `schema`, written compactly as `JSONSchema`
+    writes it (for grammars that embed JSON, e.g. a tool call's arguments)."""
+    return "%json " + json.dumps({**schema, "x-guidance": {**_COMPACT, **schema.get("x-guidance", {})}})
+
+
 @dataclass(frozen=True)
 class JSONObject(Constraint):
     """Any JSON object (OpenAI's `response_format={"type": "json_object"}`)."""

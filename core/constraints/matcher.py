@@ -67,6 +67,19 @@ class ConstraintState:
         self._mask: np.ndarray | None = None
         self.committed = bytearray()  # what the reply holds so far (for error messages)
 
+    def after(self, text: bytes) -> ConstraintState:
+        """This state as it will be once `text` is committed, this one unchanged (SAFE decides
+        the positions of a draft before any of it is committed)."""
+        if not text:
+            return self
+        view = object.__new__(ConstraintState)
+        view.__dict__.update(self.__dict__)
+        view._matcher = self._matcher.deep_copy()
+        view._mask = None
+        view.committed = bytearray(self.committed)
+        view.advance(text)
+        return view
+
     def _bytes(self, text: bytes) -> list[int]:
         return [self._byte_base + b for b in text]
 
@@ -106,6 +119,11 @@ class ConstraintState:
             mask[0] = self.allows_end()
             self._mask = mask
         return self._mask
+
+    def forced(self) -> bytes:
+        """The bytes the grammar allows as the only way on (`{"name": "` of a schema whose first
+        key is a string; a forced call's opening): committed at once, without a decision."""
+        return self._matcher.compute_ff_bytes()
 
     def advance(self, text: bytes) -> None:
         """Commit `text` (the method chose an allowed text; anything else is a bug, said loudly)."""

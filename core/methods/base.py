@@ -201,7 +201,7 @@ class Method(ABC):
         if constraint is not None and self.constraint_refusal is not None:
             raise ConfigError(
                 f"{type(self).__name__} cannot honour a constraint: {self.constraint_refusal}. Use GaC, UniTE, "
-                "contrastive decoding or the gate (GaC with a threshold) for constrained replies."
+                "contrastive decoding, the gate (GaC with a threshold) or SAFE for constrained replies."
             )
 
     @abstractmethod

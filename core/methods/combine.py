@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 # Greedy shortcut: candidates are each member's top-k; k = 32 decides exactly in nearly every
 # step (ALGORITHMS.md section 8) and costs a fraction of a millisecond.
 SHORTCUT_TOP_K = 32
+_CHECK_ALL = 64  # a step's own texts checked one by one up to this many (see `Step.allowed`)
+_REJECTIONS = 8  # draws of own texts the grammar rejects before all of them are checked
 _BOUND_SLACK = 1e-6  # float32 sums of probabilities are not exactly 1
 _READ_WHOLE = 4096  # a scored set up to this size is read whole and decided on the host
 
@@ -492,12 +494,17 @@ class Step:
 
     # ------------------------------------------------------------------ constraints
 
-    def allowed(self, scored: Scored) -> Scored | None:
-        """The scored entries the constraint allows (all of them without one; None: none is)."""
+    def allowed(self, scored: Scored, for_argmax: bool | None = True) -> Scored | None:
+        """The scored entries the constraint allows (all of them without one; None: none is).
+
+        This step's own texts (partial candidates the union lacks; thousands after a committed
+        space) are checked one by one, so where there are many: `for_argmax`, only those that
+        could be the best allowed entry, best first (the others cannot be chosen by an argmax
+        and are left out); False: none, kept for `choose` to check the one it draws; None: all."""
         if self.constraint is None:
             return scored
         listed = scored.host_entries()
-        keep = np.flatnonzero(self._allowed_mask(listed))
+        keep = np.flatnonzero(self._allowed_mask(listed, scored, for_argmax))
         if not len(keep):
             return None
         if len(keep) == len(listed):
@@ -506,25 +513,47 @@ class Step:
         positions = self.device_entries(keep)
         return Scored(scored.entries[positions], scored.probs[positions], listed[keep], values)
 
-    def _allowed_mask(self, listed: np.ndarray) -> np.ndarray:
+    def _allowed_mask(self, listed: np.ndarray, scored: Scored, for_argmax: bool | None) -> np.ndarray:
         """bool per listed entry: union entries from the constraint's bitmask (the end: entry 0),
-        never the nowhere slot, this step's own texts checked one by one."""
+        never the nowhere slot, this step's own texts as `allowed` says."""
         assert self.constraint is not None
         union = self.constraint.allowed_entries()
         mask = np.zeros(len(listed), dtype=bool)
         inside = listed < self.nowhere
         mask[inside] = union[listed[inside]]
-        for k in np.flatnonzero(listed > self.nowhere):
-            mask[k] = self.constraint.allows(self.text(int(listed[k])))
+        own = np.flatnonzero(listed > self.nowhere)
+        if len(own) <= _CHECK_ALL or for_argmax is None:
+            for k in own:
+                mask[k] = self.constraint.allows(self.text(int(listed[k])))
+        elif for_argmax:
+            self._allow_best_own(listed, scored, mask, own)
+        else:
+            mask[own] = True  # unchecked: `choose` checks what it draws
         return mask
 
-    def _constrained(self, scored: Scored) -> Scored:
+    def _allow_best_own(self, listed: np.ndarray, scored: Scored, mask: np.ndarray, own: np.ndarray) -> None:
+        """Marks the own texts that can be the argmax among allowed entries (one read: their
+        values and the best allowed union entry's), checked best first until one is allowed."""
+        assert self.constraint is not None
+        found = np.flatnonzero(mask)
+        best = scored.probs[self.device_entries(found)].max().reshape(1) if len(found) else None
+        values = scored.probs[self.device_entries(own)]
+        read = torch.cat([values.double()] + ([best.double()] if best is not None else [])).tolist()
+        threshold = read[-1] if best is not None else -math.inf
+        for k in sorted(range(len(own)), key=lambda i: -read[i]):
+            if read[k] < threshold:
+                break
+            if self.constraint.allows(self.text(int(listed[own[k]]))):
+                mask[own[k]] = True
+                threshold = read[k]  # below the best allowed: cannot win; ties are kept
+
+    def constrained(self, scored: Scored, for_argmax: bool | None = True) -> Scored:
         """`allowed`, falling back to the full distribution's allowed entries when the method's
         own set has none (e.g. UniTE's top-k or contrastive's plausible set); a step where no
         entry at all is allowed is a dead end the grammar cannot leave, said loudly."""
-        found = self.allowed(scored)
+        found = self.allowed(scored, for_argmax)
         if found is None:
-            found = self.allowed(self.full_scored())
+            found = self.allowed(self.full_scored(), for_argmax)
         if found is None:
             what = self.constraint.constraint.describe()  # type: ignore[union-attr]
             tail = bytes(self.constraint.committed[-40:]).decode(errors="replace")  # type: ignore[union-attr]
@@ -685,7 +714,7 @@ class Step:
         and decided on the host; a long one (the full distribution, always in text order, so
         its first tied entry is the smallest text) is decided on the device, one read."""
         if self.constraint is not None:
-            scored = self._constrained(scored)
+            scored = self.constrained(scored)
         if scored.values is None and len(scored.entries) > _READ_WHOLE:
             return self._pick_on_device(scored)
         listed, values = self._host(scored)
@@ -713,13 +742,34 @@ class Step:
         the generator's device: the combining device's, so nothing union-sized is copied)."""
         if settings.greedy or generator is None:
             return self.pick(scored)
-        if self.constraint is not None:  # renormalised over the allowed entries
-            scored = self._constrained(scored)
-            total = scored.probs.sum()
-            scored = Scored(scored.entries, torch.where(total > 0, scored.probs / total, scored.probs), scored.listed)
-        probs = top_p_filter(scored.probs, settings.top_p)
-        drawn = sample(probs, generator)
-        return int(scored.listed[drawn]) if scored.listed is not None else int(scored.entries[drawn])
+        if self.constraint is None:
+            drawn = sample(top_p_filter(scored.probs, settings.top_p), generator)
+            return int(scored.listed[drawn]) if scored.listed is not None else int(scored.entries[drawn])
+        return self._choose_allowed(scored, settings, generator)
+
+    def _choose_allowed(self, scored: Scored, settings: GenerationSettings, generator: torch.Generator) -> int:
+        """A sample from the allowed entries, renormalised: union entries are masked at once;
+        this step's own texts, when there are many, are checked only when drawn, and one the
+        grammar rejects is taken out before drawing again (rejection: the same distribution);
+        after a few rejections every own text is checked at once and the last draw is from the
+        allowed entries only. With top_p < 1 the nucleus is taken over what is not ruled out."""
+        found = self.constrained(scored, for_argmax=False)
+        listed, probs = found.host_entries(), found.probs
+        assert self.constraint is not None
+        for _ in range(_REJECTIONS):
+            total = probs.sum()
+            drawn = sample(top_p_filter(torch.where(total > 0, probs / total, probs), settings.top_p), generator)
+            entry = int(listed[drawn])
+            if entry <= self.nowhere or self.constraint.allows(self.text(entry)):
+                return entry
+            probs = probs.clone()
+            probs[drawn] = 0.0
+        found = self.constrained(scored, for_argmax=None)
+        total = found.probs.sum()
+        drawn = sample(
+            top_p_filter(torch.where(total > 0, found.probs / total, found.probs), settings.top_p), generator
+        )
+        return int(found.host_entries()[drawn])
 
     def full_scored(self) -> Scored:
         """The full distribution as scored entries in text order: the union's (positions = entries),

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 
 from ensemble_core.config import GenerationSettings
+from ensemble_core.constraints import Constraint
+from ensemble_core.constraints.matcher import ConstraintState
 from ensemble_core.errors import ConfigError
 from ensemble_core.members.contract import Continuations, DraftReading, MemberVocab, RequestId
 from ensemble_core.members.own_choice import Choice, own_choice, pick_prob
@@ -98,9 +100,7 @@ class SAFE(Method):
             pieces always, as the paper does.
     """
 
-    constraint_refusal = (
-        "its skip tests keep drafted pieces whole, and trimming a draft to the part a grammar allows is not built yet"
-    )
+    constraint_refusal = None  # every position is decided among allowed texts (docs/constraints.md)
 
     drafter: str | None = None
     draft_len: int = 5
@@ -229,6 +229,9 @@ class _SafeRun(MethodRun):
         if request not in self.counts:
             self.counts[request] = SafeStats(union_size=self.combiner.union.size)
         return self.counts[request]
+
+    def constrain(self, constraint: Constraint) -> ConstraintState:
+        return ConstraintState(constraint, self.combiner.union)
 
     def stats(self, request: RequestId) -> MethodStats:
         return self._stats(request)
@@ -359,6 +362,13 @@ class _SafeRun(MethodRun):
         return scored if sharpened is None else sharpened
 
 
+def _allows(constraint: ConstraintState | None, drafted: Choice) -> bool:
+    """Whether a drafted piece may be kept under the constraint (where the round has reached)."""
+    if constraint is None:
+        return True
+    return constraint.allows_end() if drafted.eos else not drafted.control and constraint.allows(drafted.text)
+
+
 class _Walk:
     """The walk over one request's draft (see the module docstring)."""
 
@@ -380,6 +390,7 @@ class _Walk:
         self.writing = run.writers_of(request)  # verifiers still writing (agreed with every committed piece)
         self.pieces = draft.pieces
         self.positions = max(1, len(draft.distributions))  # an empty draft: the verifiers decide
+        self.constraint = state.constraints.get(request)  # the request's, before this round
 
     def first(self) -> Commit | None:
         """Position 0; a commit when the walk ends there."""
@@ -418,14 +429,16 @@ class _Walk:
             return None
         distributions = require_some(found, self.request)
         weights = self.run_.weights.of(self.request, self.state.weights.get(self.request))
-        step = self.run_.combiner.step(distributions, weights)
+        constraint = None if self.constraint is None else self.constraint.after(b"".join(self.pieces[:j]))
+        step = self.run_.combiner.step(distributions, weights, constraint)
         draft_entry = None if drafted is None else self._entry(step, drafted)
-        if draft_entry is not None and self.state.settings.greedy and self.run_.method.skip_tests:
+        allowed = draft_entry is not None and _allows(constraint, drafted)  # type: ignore[arg-type]
+        if draft_entry is not None and self.state.settings.greedy and self.run_.method.skip_tests and allowed:
             step.prefetch(np.asarray([draft_entry], dtype=np.int64))  # read with the members' choices
         if self.state.settings.greedy:
-            entry, decision = self._greedy(step, draft_entry)
+            entry, decision = self._greedy(step, draft_entry if allowed else None)
         else:
-            entry, decision = self._sampled(step, j, draft_entry)
+            entry, decision = self._sampled(step, j, draft_entry)  # (a rejected piece has no mass to keep)
         self._trace(j, decision, b"" if entry == EOS_INDEX else step.text(entry))
         self.run_.weights.observe(self.request, lambda: step.probabilities_of(entry))
         self.stats.weights = named_weights(self.state.members, step.weights)
@@ -452,9 +465,13 @@ class _Walk:
                 self.stats.skipped_mass += 1
                 return draft_entry, "skipped_mass"
         self.stats.ensembled_positions += 1
+        if step.constraint is not None and run.method.base != "unite" and run.method.sharpen is None:
+            chosen = step.greedy()[0]  # the constrained argmax (`Step.greedy`)
+            self.stats.ensemble_kept_draft += chosen == draft_entry
+            return chosen, "ensembled"
         # the exact top-k shortcut where it decides and no sharpening follows (its best is then
         # the full distribution's argmax); the full union otherwise
-        scored = step.shortcut() if run.method.base != "unite" else None
+        scored = step.shortcut() if run.method.base != "unite" and step.constraint is None else None
         if scored is None:
             scored = run.ensemble(step, self.state)
         chosen = step.pick(run.sharpened(step, scored) if run.sharpens(scored) else scored)
@@ -467,6 +484,9 @@ class _Walk:
         generator = self.state.generators.get(self.request)
         self.stats.ensembled_positions += 1
         scored = run.ensemble(step, self.state)
+        if step.constraint is not None:  # the allowed entries only, renormalised
+            scored = step.constrained(scored, for_argmax=None)  # every allowed entry: drafts are tested against it
+            scored = Scored(scored.entries, scored.probs / scored.probs.sum().clamp(min=1e-30), scored.listed)
         p_ens = top_p_filter(scored.probs, self.state.settings.top_p)
         if draft_entry is None:  # nothing drafted here: sample the ensemble
             return int(scored.entries[sample(p_ens, generator)]), "resampled"  # type: ignore[arg-type]

@@ -207,7 +207,8 @@ def test_structured_predict_reads_a_forced_tool_call(llm: EnsembleLLM, recorder:
     # LlamaIndex's function-calling program asks for the call with tool_required=True.
     city = llm.structured_predict(City, PromptTemplate("Extract the city: {text}"), text="I flew into Lyon, France.")
     assert city == City(name="Lyon", country="France")
-    assert recorder.texts[-1].startswith('name": "Lyon"')  # the members wrote on from the forced opening
+    # SAFE honours constraints: the call's opening was forced by its grammar, the arguments the members wrote
+    assert recorder.texts[-1] == '<tool_call>\n{"name": "City", "arguments": {"name": "Lyon", "country": "France"}}'
 
 
 async def test_concurrent_async_calls_give_the_sequential_texts(tiny_chat_ensemble: Ensemble) -> None:

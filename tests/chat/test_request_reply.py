@@ -16,6 +16,7 @@ from ensemble_core.chat.reply import (
 )
 from ensemble_core.chat.request import ChatRequest, build_request, json_reply
 from ensemble_core.chat.tool_calls import CALL_CLOSE, forced_call_prefix, parse_reply
+from ensemble_core.constraints import Grammar, JSONObject, JSONSchema
 from ensemble_core.errors import ConfigError, GenerationError
 from ensemble_core.results import GenerationResult, GenerationStats, MemberUsage, MethodStats, StreamChunk, Usage
 
@@ -143,6 +144,69 @@ def test_a_json_schema_is_described_by_its_keys_and_opened_at_the_first() -> Non
 def test_a_forced_call_wins_over_the_json_opening() -> None:
     built = request({"tools": [MULTIPLY], "tool_choice": "multiply", "response_format": {"type": "json_object"}})
     assert built.reply_prefix == forced_call_prefix([MULTIPLY], "multiply")
+
+
+def test_with_a_method_that_constrains_json_and_forced_calls_become_grammars() -> None:
+    from llguidance import LLMatcher
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+    def constrained(options: dict[str, Any]) -> ChatRequest:
+        return build_request(USER, DEFAULTS, options, pick_tool=Picker(), served="m", caller="Front", constrains=True)
+
+    as_object = constrained({"response_format": {"type": "json_object"}})
+    assert as_object.reply_prefix == "" and isinstance(as_object.constraint, JSONObject)
+    assert as_object.prompt[0]["content"].startswith("Reply with one JSON object")  # still asked for
+    as_schema = constrained({"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}})
+    assert as_schema.constraint == JSONSchema(schema) and as_schema.core_arguments["constraint"] is as_schema.constraint
+    call = constrained({"tools": [MULTIPLY, WEATHER], "tool_choice": "required"})  # the picker settles "weather"
+    assert call.reply_prefix == "" and isinstance(call.constraint, Grammar)
+    opening = '<tool_call>\n{"name": "weather", "arguments": '
+    for text, whole in (('{"city": "Lyon"}}', True), ('{"city": 7}}', False), ('{"city": "Lyon"}', False)):
+        accepted = ConstraintCheck(call.constraint).accepts(opening + text)
+        assert accepted == whole, text
+    assert LLMatcher.validate_grammar(call.constraint.grammar()) == ""
+    # a method that cannot constrain: asked for in the prompt, the reply opened for the members
+    assert request({"response_format": {"type": "json_object"}}).constraint is None
+    asked = []
+    constrained_later = build_request(
+        USER,
+        DEFAULTS,
+        {"response_format": {"type": "json_object"}},
+        pick_tool=Picker(),
+        served="m",
+        caller="Front",
+        constrains=lambda: asked.append(1) or True,
+    )
+    assert asked == [1] and isinstance(constrained_later.constraint, JSONObject)
+    with pytest.raises(ConfigError, match="Unimplemented keys"):  # before any model is asked
+        constrained({"response_format": {"type": "json_schema", "schema": {"not": {"type": "string"}}}})
+
+
+class ConstraintCheck:
+    """Whole texts against a constraint, through llguidance over single bytes."""
+
+    def __init__(self, constraint: Any) -> None:
+        from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+
+        class Bytes:
+            eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+            tokens = [bytes([b]) for b in range(256)] + [b""]
+
+            def __call__(self, text: Any) -> list[int]:
+                return list(text if isinstance(text, bytes) else text.encode())
+
+        self.matcher = LLMatcher(LLTokenizer(TokenizerWrapper(Bytes())), constraint.grammar(), log_level=0)
+
+    def accepts(self, text: str) -> bool:
+        data = list(text.encode())
+        return self.matcher.validate_tokens(data) == len(data) and _complete(self.matcher, data)
+
+
+def _complete(matcher: Any, data: list[int]) -> bool:
+    copy = matcher.deep_copy()
+    copy.consume_tokens(data)
+    return copy.is_accepting()
 
 
 # ---------------------------------------------------------------------- the reply
