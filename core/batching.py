@@ -39,6 +39,11 @@ class RequestTimeout(EnsembleError):
     """A request ran past its deadline and was stopped (HTTP 504 for a server)."""
 
 
+class ShuttingDown(EnsembleError):
+    """The batcher is draining for a shutdown: it takes no new requests (HTTP 503), and ends
+    what is still unfinished when the grace period is over."""
+
+
 @dataclass(eq=False)
 class Ticket:
     """One submitted request: its place in the queue, then in a running batch."""
@@ -77,6 +82,8 @@ class Batcher:
         self._loops: list[DecodeLoop] = []
         self._wake = threading.Condition()
         self._stopping = False
+        self._draining = False
+        self._closing_error: BaseException = EnsembleError("The batcher was closed before the request finished.")
         self._numbers = itertools.count()
         self.steps = 0
         """Steps taken so far (all batches); a test's and a benchmark's evidence of batching."""
@@ -95,6 +102,8 @@ class Batcher:
         with self._wake:
             if self._stopping:
                 raise EnsembleError("This batcher was closed (or its ensemble was); make a new one.")
+            if self._draining:
+                raise ShuttingDown("The server is shutting down and takes no new requests; retry shortly.")
             waiting = sum(not t.cancelled for t in self._waiting)
             if waiting >= self.max_queue:
                 raise QueueFull(f"{waiting} requests are already waiting (max_queue={self.max_queue}); retry later.")
@@ -108,6 +117,24 @@ class Batcher:
         """(requests generating, requests waiting)."""
         with self._wake:
             return len(self._running), len(self._waiting)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self, grace: float) -> bool:
+        """Take no new requests (`submit` raises `ShuttingDown`) and wait up to `grace` seconds
+        for every queued and running one to finish; what is left then ends with `ShuttingDown`
+        (its caller gets that error: a stream its last event). True if nothing was cut short."""
+        deadline = time.monotonic() + grace
+        with self._wake:
+            self._draining = True
+            while (self._waiting or self._running) and not self._stopping and time.monotonic() < deadline:
+                self._wake.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            finished = not self._waiting and not self._running
+            self._closing_error = ShuttingDown(f"The server shut down before the request finished (grace {grace:g} s).")
+        self.close()
+        return finished
 
     def close(self) -> None:
         """Stop the scheduler: unfinished requests end with an error; the ensemble stays open."""
@@ -133,7 +160,7 @@ class Batcher:
             except BaseException as error:  # the ensemble closed under us, or a bug: no one may hang
                 self._end_all(error)
                 return
-        self._end_all(EnsembleError("The batcher was closed before the request finished."))
+        self._end_all(self._closing_error)
 
     def _take_admissible(self) -> list[Ticket]:
         """Called holding `_wake`: drop dead tickets (cancelled, or past their deadline, on
@@ -201,6 +228,9 @@ class Batcher:
                 ticket = owners[request]
                 if chunk.result is not None:
                     self._running.remove(ticket)
+                    if self._draining:
+                        with self._wake:
+                            self._wake.notify_all()  # a drain waits for this
                 if not ticket.cancelled:
                     _hand(ticket, chunk)
 

@@ -18,17 +18,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ensemble_core.batching import Batcher, QueueFull, RequestTimeout, Ticket
+from ensemble_core.batching import Batcher, QueueFull, RequestTimeout, ShuttingDown, Ticket
 from ensemble_core.chat.reply import Reply, ReplyAssembler
 from ensemble_core.chat.request import ChatRequest, build_request
 from ensemble_core.ensemble import Ensemble
 from ensemble_core.errors import ConfigError, EnsembleError, TemplateError
-from ensemble_core.results import StreamChunk
+from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.serving import openai_format as wire
+from ensemble_core.serving.observe import ObservingMiddleware, ServerMetrics
 from ensemble_core.serving.openai_format import ApiError, ParsedCall
 
 _DISCONNECT_POLL_SECONDS = 0.5
@@ -75,6 +77,9 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
 
     app = FastAPI(title="ensemble-llm", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.batcher = batcher
+    metrics = ServerMetrics(lambda: batcher.load, lambda: batcher.steps)
+    app.state.metrics = metrics
+    app.add_middleware(ObservingMiddleware, metrics=metrics)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -106,9 +111,15 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
         _check_size(request, settings.max_body_bytes)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> Any:
         running, waiting = batcher.load
-        return {"status": "ok", "model": served, "running": running, "waiting": waiting}
+        status = "draining" if batcher.draining else "ok"  # a load balancer stops sending here
+        found = {"status": status, "model": served, "running": running, "waiting": waiting}
+        return JSONResponse(found, status_code=503 if batcher.draining else 200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:  # open like /health: counts and timings, no content
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -134,6 +145,7 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
 
     async def answer(call: ParsedCall, chat: ChatRequest, request: Request, *, as_chat: bool) -> Any:
         chunks = await _submit(ensemble, batcher, chat, settings.request_timeout)
+        chunks.on_result = lambda result: metrics.tokens.inc(result.usage.completion_tokens)
         completion_id = wire.new_id("chatcmpl" if as_chat else "cmpl")
         if call.stream:
             events = _events(chunks, chat, completion_id, served, call.include_usage, as_chat=as_chat)
@@ -168,9 +180,32 @@ async def _json_body(request: Request, limit: int) -> Any:
     if len(raw) > limit:
         raise ApiError(413, f"The request body is {len(raw)} bytes; this server takes at most {limit}.")
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ApiError(400, "The request body is not valid JSON.") from None
+    except RecursionError:
+        body = _TOO_DEEP  # deeper than Python's parser goes: certainly deeper than the limit
+    if body is _TOO_DEEP or _nesting(body) > MAX_JSON_DEPTH:
+        raise ApiError(400, f"The request body nests JSON deeper than {MAX_JSON_DEPTH} levels; flatten it.")
+    return body
+
+
+_TOO_DEEP = object()
+MAX_JSON_DEPTH = 64
+"""The deepest JSON a request may nest (an OpenAI body needs under 10; tool schemas a few more):
+deeper bodies are refused before anything walks them recursively."""
+
+
+def _nesting(value: Any) -> int:
+    """How deep containers nest in a parsed JSON value (walked without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:
+                stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _checked(work: Callable[[], Any]) -> Any:
@@ -199,6 +234,7 @@ def _chat_request(ensemble: Ensemble, call: ParsedCall, served: str) -> ChatRequ
             pick_tool=ensemble.pick_tool,
             served=served,
             caller="the server",
+            constrains=ensemble.constrains,
         )
     )
 
@@ -207,13 +243,18 @@ def _chat_request(ensemble: Ensemble, call: ParsedCall, served: str) -> ChatRequ
 
 
 async def _submit(ensemble: Ensemble, batcher: Batcher, chat: ChatRequest, timeout: float) -> _Deliveries:
-    """Check and render the request (400 on bad input), then queue it (429 when full)."""
+    """Check and render the request (400 on bad input), then queue it (429 when full, 503 while
+    the server drains for a shutdown)."""
+    if batcher.draining:
+        raise _api_error_of(ShuttingDown("The server is shutting down and takes no new requests; retry shortly."))
     prepared = await asyncio.to_thread(_checked, lambda: ensemble.prepare(chat.prompt, **chat.core_arguments))
     deliveries = _Deliveries(asyncio.get_running_loop())
     try:
         deliveries.ticket = batcher.submit(prepared, deliveries.put, timeout=timeout)
     except QueueFull as error:
         raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
+    except ShuttingDown as error:
+        raise _api_error_of(error) from None
     return deliveries
 
 
@@ -224,6 +265,7 @@ class _Deliveries:
         self._loop = loop
         self._queue: asyncio.Queue[StreamChunk | BaseException] = asyncio.Queue()
         self.ticket: Ticket | None = None
+        self.on_result: Callable[[GenerationResult], None] | None = None
 
     def put(self, item: StreamChunk | BaseException) -> None:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
@@ -234,6 +276,8 @@ class _Deliveries:
                 item = await self._queue.get()
                 if isinstance(item, BaseException):
                     raise _api_error_of(item)
+                if item.result is not None and self.on_result is not None:
+                    self.on_result(item.result)
                 yield item
                 if item.result is not None:
                     return
@@ -245,6 +289,8 @@ class _Deliveries:
 def _api_error_of(error: BaseException) -> ApiError:
     if isinstance(error, RequestTimeout):
         return ApiError(504, str(error), kind="timeout_error", code="timeout")
+    if isinstance(error, ShuttingDown):
+        return ApiError(503, str(error), kind="server_error", code="shutting_down")
     if isinstance(error, (ConfigError, TemplateError)):
         return ApiError(400, str(error))
     if isinstance(error, EnsembleError):

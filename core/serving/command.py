@@ -36,6 +36,7 @@ _DEFAULTS: dict[str, Any] = {
     "max_tokens": 4096,
     "max_body_bytes": 1 << 20,
     "cors_origin": [],
+    "grace": 30.0,
 }
 
 
@@ -58,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, help="the largest max_tokens a request may ask (default 4096)")
     parser.add_argument("--max-body-bytes", type=int, help="the largest request body (default 1 MiB)")
     parser.add_argument("--cors-origin", action="append", help="allow CORS from this origin (repeat; default: off)")
+    parser.add_argument(
+        "--grace", type=float, help="on SIGTERM/SIGINT, seconds in-flight requests may take to finish (default 30)"
+    )
 
 
 def options_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -79,9 +83,10 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"`{name}` must be a positive integer, but is {options[name]!r}.")
     if options["default_tokens"] > options["max_tokens"]:
         raise ConfigError(f"default_tokens={options['default_tokens']} is above max_tokens={options['max_tokens']}.")
-    timeout = options["request_timeout"]
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ConfigError(f"`request_timeout` must be a positive number of seconds, but is {timeout!r}.")
+    for name in ("request_timeout", "grace"):
+        seconds = options[name]
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ConfigError(f"`{name}` must be a positive number of seconds, but is {seconds!r}.")
     for name in ("api_key", "model_id", "host"):
         if options[name] is not None and not isinstance(options[name], str):
             raise ConfigError(f"`{name}` must be a string, but is {options[name]!r}; quote it in the YAML file.")
@@ -117,11 +122,13 @@ def serve(args: argparse.Namespace) -> int:
     require_extra("fastapi", "serve")
     require_extra("uvicorn", "serve")
     require_extra("sse_starlette", "serve")
+    require_extra("prometheus_client", "serve")
     options = options_of(args)
     import uvicorn
 
     from ensemble_core.loading import EnsembleSpec
     from ensemble_core.serving.app import ServeSettings, create_app
+    from ensemble_core.serving.shutdown import DrainingServer
 
     spec = EnsembleSpec.build(
         options["model"],
@@ -149,5 +156,9 @@ def serve(args: argparse.Namespace) -> int:
     with Ensemble(spec.load_members(), method=spec.method, method_params=spec.method_params) as ensemble:
         app = create_app(ensemble, settings)
         print(f"serving {settings.model_id or ensemble.model_name} on http://{options['host']}:{options['port']}/v1")  # noqa: T201
-        uvicorn.run(app, host=options["host"], port=options["port"], log_level="info")
+        config = uvicorn.Config(app, host=options["host"], port=options["port"], log_level="info", lifespan="on")
+        server = DrainingServer(config, app.state.batcher, float(options["grace"]))
+        server.run()
+    if server.drained is False:
+        print("shut down: requests still running after the grace period were ended with 503")  # noqa: T201
     return 0

@@ -67,7 +67,8 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-        self.headers = {"retry-after": "1"} if status == 429 else {"x-should-retry": "false"} if status == 504 else {}
+        retry = {429: {"retry-after": "1"}, 503: {"retry-after": "5"}, 504: {"x-should-retry": "false"}}
+        self.headers = retry.get(status, {})
 
 
 @dataclass(frozen=True)

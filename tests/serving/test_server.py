@@ -206,6 +206,39 @@ def test_models_health_and_errors_in_openai_shape(pair_server) -> None:
         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
     )
     assert huge.status_code == 413 and "at most" in huge.json()["error"]["message"]
+    for depth in (65, 100_000):  # past the limit, and past what Python's parser can nest
+        deep = httpx.post(
+            f"{base_url}/chat/completions",
+            content=b'{"messages": ' + b"[" * depth + b"]" * depth + b"}",
+            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        )
+        assert deep.status_code == 400 and "deeper than 64 levels" in deep.json()["error"]["message"]
+
+
+def test_replies_carry_a_request_id_and_metrics_count_them(pair_server) -> None:
+    base_url, _ = pair_server
+    root = base_url.removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"messages": MESSAGES, "model": "pair", "max_tokens": 4}
+    mine = httpx.post(
+        f"{base_url}/chat/completions", json=body, headers={**headers, "X-Request-Id": "trace-42"}, timeout=120
+    )
+    assert mine.status_code == 200 and mine.headers["x-request-id"] == "trace-42"
+    made = httpx.post(
+        f"{base_url}/chat/completions", json=body, headers={**headers, "X-Request-Id": "bad id"}, timeout=120
+    )
+    assert made.headers["x-request-id"].startswith("req_")  # an id that is not sane is replaced
+    refused = httpx.post(f"{base_url}/chat/completions", json={**body, "n": 2}, headers=headers)
+    assert refused.status_code == 400 and refused.headers["x-request-id"].startswith("req_")
+    exposition = httpx.get(f"{root}/metrics").text  # open, like /health
+    counts = {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in exposition.splitlines() if not line.startswith("#")
+    }
+    assert counts['ensemble_llm_requests_total{route="/v1/chat/completions",status="200"}'] >= 2
+    assert counts['ensemble_llm_requests_total{route="/v1/chat/completions",status="400"}'] >= 1
+    assert counts["ensemble_llm_completion_tokens_total"] >= 2  # one or more per reply
+    assert counts['ensemble_llm_request_seconds_count{route="/v1/chat/completions"}'] >= 3
+    assert counts["ensemble_llm_waiting_requests"] == 0
 
 
 def test_a_member_without_a_chat_template_refuses_chat_with_400_and_still_completes(tiny_member) -> None:
