@@ -35,6 +35,19 @@ def temperature_of(settings: GenerationSettings) -> float:
     return 1.0 if settings.greedy else settings.temperature
 
 
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature (unchanged at 0, greedy, and 1). Below 0.01 the logits are first
+    shifted by their maximum, in float64: divided as they are, they overflow to inf (and a
+    float32 temperature can round to 0), and softmax of inf - inf is nan; shifted, the best
+    stays 0 and the rest go to -inf, so a tiny temperature is the near-greedy distribution it
+    means. Above, the division is transformers' own."""
+    if temperature in (0.0, 1.0):
+        return logits
+    if temperature < 0.01:  # (in float64: a float32 temperature below ~1e-45 is 0)
+        return ((logits.double() - logits.max()) / temperature).to(logits.dtype)
+    return logits / temperature
+
+
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely entries whose mass reaches `top_p`, renormalised."""
     total = probs.sum()

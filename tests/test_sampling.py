@@ -26,3 +26,14 @@ def test_greedy_is_argmax_and_sampling_is_reproducible_with_a_seed() -> None:
     narrow = GenerationSettings(temperature=1.0, top_p=0.05, seed=1)
     kept = top_p_filter(probs, 0.05) > 0
     assert all(kept[draw(probs, narrow, gen)] for gen in [row_generator(narrow)] for _ in range(20))
+
+
+def test_a_tiny_temperature_is_near_greedy_not_nan() -> None:
+    """Found by the random-settings test: logits / 5e-207 overflowed (and a float32 temperature
+    that small is 0), so softmax gave nan and sampling failed."""
+    from ensemble_core.sampling import tempered
+
+    logits = torch.tensor([1.0, 3.0, 2.0, float("-inf")])
+    for temperature in (4.98e-207, 1e-45, 1e-5):
+        assert torch.softmax(tempered(logits, temperature), dim=-1).tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert torch.equal(tempered(logits, 0.7), logits / 0.7)  # above 0.01: exactly transformers' division

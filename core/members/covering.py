@@ -47,6 +47,7 @@ from ensemble_core.members.contract import (
     ScoreKind,
 )
 from ensemble_core.members.token_tree import Node
+from ensemble_core.sampling import tempered
 from ensemble_core.vocab.disk_cache import cached_flags
 from ensemble_core.vocab.tokens import TokenKind, TokenTable, per_tokenizer
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
@@ -824,10 +825,7 @@ def _common_prefix(tokenisations: list[list[int]]) -> list[int]:
 
 
 def _softmax(node: Node, temperature: float) -> torch.Tensor:
-    logits = node.logits.float()  # type: ignore[union-attr]
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    return torch.softmax(logits, dim=-1)
+    return torch.softmax(tempered(node.logits.float(), temperature), dim=-1)  # type: ignore[union-attr]
 
 
 def _parents(trunk: Node, path: Path) -> list[Node] | None:
@@ -847,7 +845,7 @@ def _log_terms(node: Node, token: int, temperature: float) -> torch.Tensor:
     logits = node.logits.float()  # type: ignore[union-attr]
     if temperature in (0.0, 1.0):
         return logits[token] - node.log_normaliser()
-    logits = logits / temperature
+    logits = tempered(logits, temperature)
     return logits[token] - torch.logsumexp(logits, dim=-1)
 
 

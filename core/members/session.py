@@ -39,6 +39,7 @@ from ensemble_core.members.contract import (
 )
 from ensemble_core.members.encoding import ExactEncoder
 from ensemble_core.members.token_tree import Node, TokenTree
+from ensemble_core.sampling import tempered
 from ensemble_core.vocab.utf8 import incomplete_utf8_suffix
 
 if TYPE_CHECKING:
@@ -319,10 +320,7 @@ class TreeSession:
         """softmax(logits / temperature) after `node`, float32 [width]."""
         if node.logits is None:
             raise RuntimeError("the node's logits were not computed")
-        logits = node.logits.float()
-        if temperature not in (0.0, 1.0):
-            logits = logits / temperature
-        return torch.softmax(logits, dim=-1)
+        return torch.softmax(tempered(node.logits.float(), temperature), dim=-1)
 
     def token_text(self, token: int) -> bytes | None:
         return self.vocab.text_of(token)
