@@ -23,6 +23,9 @@ from ensemble_core.members.hf import HFMember
 from ensemble_core.members.ray_member import RayMember
 from ensemble_core.results import GenerationResult, GenerationStats, MemberStats, MemberUsage, StreamChunk, Usage
 
+__version__ = "0.1.0"
+"""The release (pyproject.toml reads it from here, so there is one place to change)."""
+
 __all__ = [
     "ClosedError",
     "ConfigError",
@@ -43,4 +46,5 @@ __all__ = [
     "TemplateError",
     "UnknownNameError",
     "Usage",
+    "__version__",
 ]

