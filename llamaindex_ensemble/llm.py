@@ -80,21 +80,28 @@ class EnsembleLLM(FunctionCallingLLM):
 
     model_config = ConfigDict(extra="forbid")
 
-    models: list[str] | None = Field(
-        default=None, description="Model names: packaged names (`ensemble-llm models list`), Hub ids or local folders."
+    models: list[str | dict[str, Any]] | None = Field(
+        default=None,
+        description="The models: packaged names (`ensemble-llm models list`), Hub ids or local folders, or dicts "
+        'giving one its own settings: {"model": ..., "name": ..., "device": ..., "dtype": ..., "model_kwargs": '
+        '{"revision": ..., "trust_remote_code": ...}}.',
     )
     method: str = Field(
         default="gac",
         description='The ensemble method: "gac", "unite", "safe", "contrastive", "sweetspan", "specfuse" or "single".',
     )
     method_params: dict[str, Any] = Field(
-        default_factory=dict, description='Parameters of the method, e.g. {"drafter": "qwen"} for SAFE.'
+        default_factory=dict,
+        description='Parameters of the method, e.g. {"drafter": "qwen"} for SAFE. GaC, UniTE and SAFE get '
+        '{"weights": "auto"} unless weights are given ("equal" keeps equal weights).',
     )
     ensemble: Ensemble | None = Field(
         default=None, exclude=True, description="An already loaded Ensemble to use instead of `models`/`method`."
     )
     device: str | None = Field(
-        default=None, description='Where to load `models` ("cpu", "cuda:1"); default: the first GPU, else the CPU.'
+        default=None,
+        description='Where to load `models` ("cpu", "cuda:1"), unless an entry gives its own; default: the first '
+        "GPU, else the CPU.",
     )
     dtype: str = Field(default="auto", description='Weights\' dtype for `models`: "auto", "bfloat16", "float32", ...')
     placement: str = Field(

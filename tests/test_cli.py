@@ -72,68 +72,100 @@ def test_a_report_written_from_records_tells_how_to_reproduce_the_records(
         main(["eval", "--config", str(config), "--rescore", "--report-only"])
 
 
-def test_eval_lists_vary_weights_only_for_methods_that_have_them() -> None:
+def _eval_config(argv):
     import argparse
 
     from ensemble_core.eval.command import add_arguments, config_from
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(
-        [
-            "--members",
-            "qwen,smol",
-            "--methods",
-            "single,gac,contrastive",
-            "--weights",
-            "equal,auto",
-            "--tasks",
-            "arithmetic@2",
-        ]
-    )
-    labels = [spec.label() for spec in config_from(args).expanded()]
+    return config_from(parser.parse_args(list(argv)))
+
+
+def test_eval_compares_each_method_and_weighting_and_defaults_to_auto_weights() -> None:
+    matrix = ["-m", "qwen", "-m", "smol", "--tasks", "arithmetic@2"]
+    methods = ["--method", "single", "--method", "gac", "--method", "contrastive"]
+    labels = [
+        spec.label() for spec in _eval_config([*matrix, *methods, "--weights", "equal", "--weights", "auto"]).expanded()
+    ]
     assert labels == ["qwen alone", "smol alone", "gac(qwen+smol)", "gac(qwen+smol) w=auto", "contrastive(qwen+smol)"]
+    assert [spec.label() for spec in _eval_config([*matrix, "--method", "unite"]).expanded()] == [
+        "unite(qwen+smol) w=auto"
+    ]
+    numbers = _eval_config([*matrix, "--method", "gac", "--weights", "0.7,0.3"]).expanded()
+    assert [spec.label() for spec in numbers] == ["gac(qwen+smol) w=0.7,0.3"]
+
+
+def test_eval_method_params_are_the_methods_own_as_in_run_and_serve() -> None:
+    matrix = ["-m", "qwen", "-m", "smol", "--tasks", "arithmetic@2", "--method-params", '{"drafter": "smol"}']
+    (safe,) = _eval_config([*matrix, "--method", "safe"]).expanded()
+    assert safe.method_params() == {"drafter": "smol", "weights": "auto"}
+    with pytest.raises(ConfigError, match="drafter"):  # GaC has no drafter: named, not dropped
+        _eval_config([*matrix, "--method", "gac"]).check()
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (  # serve's flat form: it would have been dropped, and SAFE run with its default drafter
-            (
-                "--members",
-                "qwen,smol",
-                "--methods",
-                "safe",
-                "--tasks",
-                "arithmetic@2",
-                "--method-params",
-                '{"drafter": "smol"}',
-            ),
-            "has \\['drafter'\\], which are not among --methods \\['safe'\\]",
-        ),
         (
             (
-                "--members",
-                "qwen,smol",
-                "--methods",
+                "-m",
+                "qwen",
+                "-m",
+                "smol",
+                "--method",
                 "gac",
                 "--tasks",
                 "arithmetic@2",
                 "--method-params",
-                '{"safe": {}}',
+                '{"weights": "equal"}',
             ),
-            "has \\['safe'\\], which are not among --methods",
+            "with --weights",
         ),
+        (("-m", "qwen", "-m", "smol", "--method", "gac", "--tasks", "arithmetic@2", "--weights", "heavy"), "heavy"),
         (("--config", "examples/eval-smoke.yaml", "--weights", "auto"), "--weights would be ignored"),
         (("--config", "examples/eval-smoke.yaml", "--boundary", "retokenize"), "--boundary would be ignored"),
+        (("--config", "examples/eval-smoke.yaml", "-m", "qwen"), "-m/--model would be ignored"),
     ],
 )
-def test_eval_flags_that_would_be_ignored_are_errors(argv, message) -> None:
-    import argparse
-
-    from ensemble_core.eval.command import add_arguments, config_from
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+def test_eval_flags_that_would_be_ignored_or_are_wrong_are_errors(argv, message) -> None:
     with pytest.raises(ConfigError, match=message):
-        config_from(parser.parse_args(list(argv)))
+        _eval_config(argv)
+
+
+def test_eval_and_calibrate_take_device_and_dtype_over_the_config() -> None:
+    config = _eval_config(["--config", "examples/eval-smoke.yaml", "--device", "cpu", "--dtype", "float32"])
+    assert (config.device, config.dtype) == ("cpu", "float32")
+    bare = _eval_config(["-m", "qwen", "--method", "single", "--tasks", "arithmetic@2"])
+    assert (bare.device, bare.dtype) == (None, "auto")  # as run and serve: the first GPU, the checkpoint's
+
+
+def _options(parser) -> dict[str, str]:
+    return {option: action.help for action in parser._actions for option in action.option_strings}
+
+
+def test_every_command_spells_the_shared_options_alike_and_helps_with_every_option() -> None:
+    from ensemble_core.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    shared = {"-m", "--method", "--method-params", "--weights", "--device", "--dtype"}
+    for name in ("run", "serve", "eval"):
+        options = _options(commands[name])
+        assert shared <= set(options), name
+        assert options["--device"] == _options(commands["run"])["--device"]
+    assert {"--weights", "--device", "--dtype"} <= set(_options(commands["calibrate"]))
+    for name, parser in commands.items():
+        missing = [option for option, help_text in _options(parser).items() if not help_text]
+        assert not missing, f"{name}: {missing} have no help"
+
+
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    import ensemble_core
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"ensemble-llm {ensemble_core.__version__}"
+    assert ensemble_core.__version__ == version("ensemble-llm")

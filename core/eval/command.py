@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ensemble_core.cli_options import add_device_options, add_member_options, method_params_option, weights_option
 from ensemble_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -20,17 +21,17 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="a YAML evaluation config (see examples/eval.yaml)")
-    parser.add_argument("--members", help="comma list of member aliases or models, e.g. qwen,smol,gemma")
-    parser.add_argument("--methods", help="comma list: single (each member alone), gac, unite, safe, ...")
-    parser.add_argument(
-        "--method-params", help='JSON: method name -> its parameters, e.g. {"safe": {"drafter": "qwen"}}'
-    )
-    parser.add_argument("--weights", help="comma list of 'equal' (default) and/or 'auto' (ensembles only)")
+    add_member_options(parser, compare=True)
+    add_device_options(parser)
     parser.add_argument(
         "--tasks", help="comma list of task[:style][:seedN][@problems], e.g. humaneval:raw@0-39,arithmetic@50"
     )
-    parser.add_argument("--boundary", choices=["correct", "retokenize"], help="default: correct")
-    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument(
+        "--boundary",
+        choices=["correct", "retokenize"],
+        help="how members continue each other's text: correct (the default) or retokenize (the papers')",
+    )
+    parser.add_argument("--batch-size", type=int, default=None, help="problems generated together (default 8)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (records.jsonl, report.md, plots/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (one line per finished cell)")
     only = parser.add_mutually_exclusive_group()
@@ -40,14 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="score the stored replies again with the current scorers, then write the report; generate nothing",
     )
-    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--no-plots", action="store_true", help="write the report without its figures")
 
 
 def config_from(args: argparse.Namespace) -> EvalConfig:
     """The evaluation the arguments describe (YAML, or the lists), fully checked."""
     from ensemble_core.eval.config import build_config, load_config
 
-    overrides: dict[str, Any] = {}
+    overrides = _device_overrides(args)
     if args.out is not None:
         overrides["output"] = str(args.out)
     if args.batch_size is not None:
@@ -66,8 +67,8 @@ def config_from(args: argparse.Namespace) -> EvalConfig:
             if overrides
             else config
         )
-    if not (args.members and args.methods and args.tasks):
-        raise ConfigError("Give --config FILE, or all of --members, --methods and --tasks.")
+    if not (args.model and args.method and args.tasks):
+        raise ConfigError("Give --config FILE, or -m (each member), --method (each method) and --tasks.")
     return build_config(
         {
             "tasks": [_task(part) for part in _split(args.tasks)],
@@ -98,8 +99,8 @@ def _task(text: str) -> dict[str, Any]:
 
 
 _MATRIX_FLAGS = {
-    "--members": "members",
-    "--methods": "methods",
+    "-m/--model": "model",
+    "--method": "method",
     "--tasks": "tasks",
     "--method-params": "method_params",
     "--weights": "weights",
@@ -107,43 +108,27 @@ _MATRIX_FLAGS = {
 }
 
 
-def _method_params(text: str | None, methods: list[str]) -> dict[str, dict[str, Any]]:
-    """--method-params: each method of --methods to its parameters (a key naming no method of
-    the list would be silently unused, so it is an error; so is the flat form serve takes)."""
-    from ensemble_core.cli import method_params_option
-
-    example = '{"safe": {"drafter": "qwen"}}'
-    params = method_params_option(text, example)
-    params = {str(method).lower(): values for method, values in params.items()}  # method names ignore case
-    stray = sorted(set(params) - {method.lower() for method in methods})
-    if stray:
-        raise ConfigError(
-            f"--method-params has {stray}, which are not among --methods {methods}; it maps each method "
-            f"to its parameters, e.g. {example}."
-        )
-    for method, values in params.items():
-        if not isinstance(values, dict):
-            raise ConfigError(f"--method-params: the parameters of {method!r} must be an object, e.g. {example}.")
-    return params
+def _device_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """--device / --dtype: they override a config's (where the models run is not the evaluation)."""
+    return {key: value for key in ("device", "dtype") if (value := getattr(args, key, None)) is not None}
 
 
 def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
-    methods = _split(args.methods)
-    params = _method_params(args.method_params, methods)
-    members = _split(args.members)
-    weightings = _split(args.weights or "equal")
-    unknown = set(weightings) - {"equal", "auto"}
-    if unknown:
-        raise ConfigError(f"--weights takes 'equal' and/or 'auto', not {sorted(unknown)}.")
+    """One configuration per method x weighting; --method-params go to every method listed (each
+    checks them: a parameter a method does not take is an error that names it)."""
+    params = method_params_option(args.method_params)
+    if "weights" in params:
+        raise ConfigError("Give the weights with --weights (repeat to compare), not in --method-params.")
+    weightings = [weights_option(text) for text in args.weights or ["auto"]]
     boundary = args.boundary or "correct"
     found = []
-    for method in methods:
-        base = {"members": members, "method": method, "params": params.get(method.lower(), {}), "boundary": boundary}
+    for method in args.method:
+        base = {"members": list(args.model), "method": method, "boundary": boundary}
         if not _takes_weights(method):  # each member alone (single), or no weights (contrastive)
-            found.append(base)
+            found.append({**base, "params": {} if method.lower() == "single" else params})
             continue
         for weighting in weightings:
-            found.append({**base, "weights": None if weighting == "equal" else "auto"})
+            found.append({**base, "params": params, "weights": None if weighting == "equal" else weighting})
     return found
 
 
@@ -197,11 +182,13 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--weights",
-        default=None,
-        help="try only these weightings (comma list of equal, prompt, agreement and MEMBER:LEAD with LEAD "
-        "0.5, 0.7 or 0.9, e.g. equal,agreement,qwen:0.9); default: all of them",
+        action="append",
+        metavar="W",
+        help="a weighting to try (repeat): equal, prompt, agreement, or MEMBER:LEAD with LEAD 0.5, 0.7 or 0.9 "
+        "(e.g. qwen:0.9); default: all of them",
     )
-    parser.add_argument("--quiet", action="store_true")
+    add_device_options(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (one line per finished candidate)")
 
 
 def calibrate(args: argparse.Namespace) -> int:
@@ -209,11 +196,14 @@ def calibrate(args: argparse.Namespace) -> int:
     from ensemble_core.eval.config import TaskSpec, file_safe, load_config
 
     config = load_config(args.config)
+    overrides = _device_overrides(args)
+    if overrides:
+        config = config.model_copy(update=overrides)
     task = TaskSpec(**_task(args.task))
     if task.problems is None:
         raise ConfigError("--task needs its held-out problems after '@', e.g. gsm8k:raw@1000-1039.")
     out = Path(config.output) / "calibration" / file_safe(args.configuration)
-    weights = _split(args.weights) if args.weights is not None else None
+    weights = [part for text in args.weights for part in _split(text)] if args.weights is not None else None
     calibration = Calibration(config, args.configuration, task, out, args.quiet, weights=weights)
     try:
         chosen, rows = calibration.run()

@@ -112,8 +112,8 @@ class EvalConfig(BaseModel):
     tasks: list[TaskSpec] = Field(min_length=1)
     configurations: list[ConfigurationSpec] = Field(min_length=1)
     batch_size: int = Field(default=8, ge=1)
-    device: str | None = "cpu"
-    dtype: str = "bfloat16"
+    device: str | None = None  # the first GPU, else the CPU: as `run` and `serve`
+    dtype: str = "auto"  # the checkpoint's, as `run` and `serve`
     output: Path = Path("eval-results")
     temperature: float = Field(default=0.0, ge=0.0)
     seed: int | None = None

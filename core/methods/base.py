@@ -193,6 +193,9 @@ class Method(ABC):
     """A decoding strategy over members: immutable configuration, checked when made."""
 
     name: ClassVar[str]
+    finds_weights: ClassVar[bool] = False
+    """Whether `weights` may be a rule ("auto", "prompt", "agreement") found per request; the
+    front ends then default to "auto" (`loading.front_end_params`)."""
     constraint_refusal: ClassVar[str | None] = "it has no rule for constrained text yet"
     """Why the method cannot honour a constraint (None: it can; docs/constraints.md)."""
 
@@ -243,10 +246,12 @@ def check_weights(weights: Sequence[float] | str | None) -> tuple[float, ...] | 
     or a rule that finds them (`"auto"`, `"prompt"`, `"agreement"`: see `methods.weighting`)."""
     if weights is None or isinstance(weights, WeightRule):
         return weights
+    if weights == "equal":  # said explicitly, e.g. to keep the papers' setting where "auto" is the default
+        return None
     if isinstance(weights, str):
         if weights not in RULE_NAMES:
             raise ConfigError(
-                f"`weights` must be numbers (one per member) or one of {list(RULE_NAMES)}, but is {weights!r}."
+                f"`weights` must be numbers (one per member), 'equal' or one of {list(RULE_NAMES)}, but is {weights!r}."
             )
         return rule_of(weights)
     if isinstance(weights, bytes) or not isinstance(weights, Sequence):

@@ -1,4 +1,4 @@
-"""SAFE: ensemble only where it matters (ALGORITHMS.md section 3).
+"""SAFE: ensemble only where it matters (docs/explanation/methods.md#safe).
 
 Each round the drafter drafts up to `draft_len` pieces with its own cache (each piece is its own
 choice: a token, or at a round's start a continuation that re-covers committed bytes). Every
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -107,6 +107,7 @@ class SAFE(Method):
     base: str = "gac"
     sharpen: str | None = "heuristic"
     sharpen_lambda: float = 0.1
+    finds_weights: ClassVar[bool] = True
     weights: tuple[float, ...] | None = None
     top_k: int = 10
     skip_tests: bool = True

@@ -1,7 +1,7 @@
 """Token-level ensembles across tokenizers: GaC (with the key-token gate) and UniTE, and the
 every-step machinery contrastive decoding (`methods.contrast`) shares with them.
 
-GaC and UniTE combine the members' next-step distributions at each step (ALGORITHMS.md sections 1-2) and
+GaC and UniTE combine the members' next-step distributions at each step (docs/explanation/methods.md#gac, #unite) and
 commit the chosen text; every member then brings itself in step with it. A member whose own
 choice is the chosen text writes it itself (keeps its own tokens), so two copies of one model,
 or weights (1, 0), reproduce that model exactly.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -104,6 +105,7 @@ class TokenMethod(Method):
 class WeightedTokenMethod(TokenMethod):
     """A token method that averages its members with weights (numbers or a rule that finds them)."""
 
+    finds_weights: ClassVar[bool] = True
     weights: tuple[float, ...] | WeightRule | None
 
     def bind(self, members: Sequence[MemberVocab]) -> Binding:

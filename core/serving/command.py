@@ -11,7 +11,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ensemble_core.cli import method_params_option
+from ensemble_core.cli_options import (
+    add_device_options,
+    add_member_options,
+    default_method,
+    method_params_option,
+    with_weights,
+)
 from ensemble_core.errors import ConfigError
 from ensemble_core.extras import require_extra
 
@@ -20,8 +26,9 @@ API_KEY_ENV = "ENSEMBLE_LLM_API_KEY"
 
 _DEFAULTS: dict[str, Any] = {
     "model": [],
-    "method": "single",
+    "method": None,  # gac for several models, single for one
     "method_params": {},
+    "weights": None,  # auto, for the methods that find weights (loading.front_end_params)
     "device": None,
     "dtype": "auto",
     "placement": "local",
@@ -42,11 +49,8 @@ _DEFAULTS: dict[str, Any] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file with any of the options below (as keys, with _)")
-    parser.add_argument("-m", "--model", action="append", help="packaged name, hub id or folder (repeat)")
-    parser.add_argument("--method", help="single, gac, unite, safe, contrastive, sweetspan, specfuse (default: single)")
-    parser.add_argument("--method-params", help='the method\'s parameters as JSON, e.g. \'{"drafter": "qwen"}\'')
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda:0 when there is one)")
-    parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    add_member_options(parser)
+    add_device_options(parser)
     parser.add_argument("--placement", help="local (default), ray (each member in a Ray actor) or ray://host:port")
     parser.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, help="default 8000")
@@ -77,6 +81,11 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("Give at least one model: -m NAME (repeat for an ensemble), or `model:` in --config.")
     if not isinstance(options["method_params"], dict):
         raise ConfigError("`method_params` must be a JSON/YAML object of the method's parameters.")
+    weights = options.pop("weights")
+    if weights is not None and not isinstance(weights, str):  # a YAML list of numbers
+        weights = ",".join(str(w) for w in weights)
+    options["method_params"] = with_weights(options["method_params"], weights)
+    options["method"] = options["method"] or default_method(options["model"])
     options["api_key"] = options["api_key"] or os.environ.get(API_KEY_ENV) or None
     for name in ("port", "max_batch", "max_queue", "default_tokens", "max_tokens", "max_body_bytes"):
         if not isinstance(options[name], int) or options[name] < 1:

@@ -19,8 +19,14 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from langchain_ensemble import ChatEnsemble
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
-ENSEMBLE = {"models": MODELS, "method": "safe", "method_params": {"drafter": "qwen"}}
-GATE = {"models": MODELS, "method": "gac", "method_params": {"threshold": 0.5, "primary": "qwen"}}
+# Equal weights, said explicitly: the standard suite's replies were checked with them (the front
+# ends' default, "auto", is tested in tests/test_loading.py and runs in the docs' snippets).
+ENSEMBLE = {"models": MODELS, "method": "safe", "method_params": {"drafter": "qwen", "weights": "equal"}}
+GATE = {
+    "models": MODELS,
+    "method": "gac",
+    "method_params": {"threshold": 0.5, "primary": "qwen", "weights": "equal"},
+}
 
 
 class TestChatEnsembleUnit(ChatModelUnitTests):

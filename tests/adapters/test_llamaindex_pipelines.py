@@ -38,7 +38,10 @@ from offline_embeddings import llamaindex_embeddings
 pytestmark = pytest.mark.packaged
 
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
-METHOD = {"method": "safe", "method_params": {"drafter": "qwen"}}
+# Equal weights, said explicitly: these tests check the adapter's mechanics on the text this pair
+# writes with them (the front ends' default, "auto", is tested in tests/test_loading.py and runs in
+# the docs' snippets).
+METHOD = {"method": "safe", "method_params": {"drafter": "qwen", "weights": "equal"}}
 FACT = "The Varnholt lighthouse was painted teal in 1987 by the harbour guild."
 DOCUMENTS = [
     FACT,

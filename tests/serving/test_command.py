@@ -32,10 +32,29 @@ def test_the_command_line_wins_over_the_file_and_the_file_over_defaults(tmp_path
     assert options_of(parsed("--config", str(config)))["cors_origin"] == ["https://app.example.com"]
 
 
+def test_the_default_is_an_ensemble_with_auto_weights_for_several_models_and_the_model_for_one(tmp_path: Path) -> None:
+    from ensemble_core.loading import EnsembleSpec
+
+    def spec(*argv: str) -> EnsembleSpec:
+        options = options_of(parsed(*argv))
+        return EnsembleSpec.build(options["model"], options["method"], options["method_params"])
+
+    pair = spec("-m", "qwen2.5-coder-0.5b-instruct", "-m", "smollm2-135m-instruct")
+    assert (pair.method, pair.method_params) == ("gac", {"weights": "auto"})
+    assert spec("-m", "qwen2.5-coder-0.5b-instruct").method == "single"
+    equal = spec("-m", "a", "-m", "b", "--method", "unite", "--weights", "equal")
+    assert equal.method_params == {"weights": "equal"}
+    assert spec("-m", "a", "-m", "b", "--weights", "0.7,0.3").method_params == {"weights": [0.7, 0.3]}
+    config = tmp_path / "serve.yaml"
+    config.write_text("models: [a, b]\nweights: [0.25, 0.75]\n")
+    assert spec("--config", str(config)).method_params == {"weights": [0.25, 0.75]}
+
+
 @pytest.mark.parametrize(
     ("argv", "config", "message"),
     [
         ((), None, "at least one model"),
+        (("-m", "x", "-m", "y", "--weights", "auto", "--method-params", '{"weights": "equal"}'), None, "once"),
         (("-m", "x", "--method-params", "{drafter"), None, "not valid JSON"),
         (("-m", "x", "--max-batch", "0"), None, "max_batch"),
         (("-m", "x", "--default-tokens", "900", "--max-tokens", "800"), None, "above max_tokens"),
