@@ -14,6 +14,7 @@ raised by `submit`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 
 from ensemble_core.decode import DecodeLoop, batch_key
 from ensemble_core.ensemble import Ensemble, PreparedRequest
-from ensemble_core.errors import ConfigError, EnsembleError
+from ensemble_core.errors import ConfigError, EnsembleError, MemberFailedError
+from ensemble_core.member_health import MemberHealth
 from ensemble_core.members.contract import RequestId
 from ensemble_core.results import StreamChunk
 
@@ -87,6 +89,8 @@ class Batcher:
         self._numbers = itertools.count()
         self.steps = 0
         """Steps taken so far (all batches); a test's and a benchmark's evidence of batching."""
+        self.members = MemberHealth(ensemble.members)
+        """Each member's state: a failed forward, a restart (`/health` shows it)."""
         self._thread = threading.Thread(target=self._serve, name="ensemble-llm-batcher", daemon=True)
         self._thread.start()
 
@@ -218,11 +222,15 @@ class Batcher:
                 with self.ensemble.hold():
                     out = loop.step()
                 self.steps += 1
-            except Exception as error:  # handed to each request's caller
+                self.members.recovered()
+            except Exception as error:  # handed to each request's caller; the other batches go on
                 self._loops.remove(loop)
+                self._close_quietly(loop)  # its caches go now (after running out of memory, they must)
                 for ticket in owners.values():
                     self._running.remove(ticket)
                     _hand(ticket, error)
+                if isinstance(error, MemberFailedError):
+                    self.members.failed(error)
                 continue
             for request, chunk in out:
                 ticket = owners[request]
@@ -239,6 +247,11 @@ class Batcher:
         if ticket.loop is not None and ticket.request is not None:
             with self.ensemble.hold():
                 ticket.loop.cancel([ticket.request])
+
+    def _close_quietly(self, loop: DecodeLoop) -> None:
+        # a failed loop may fail to close too; its error is already handed out
+        with contextlib.suppress(Exception), self.ensemble.hold():
+            loop.close()
 
     def _end_all(self, error: BaseException) -> None:
         with self._wake:

@@ -54,6 +54,32 @@ class GenerationError(EnsembleError, RuntimeError):
     """Generation cannot go on; the message says why (no input check could have foreseen it)."""
 
 
+class MemberFailedError(GenerationError):
+    """A member failed mid-generation: its forward raised (out of memory, a driver error) or its
+    host died (a Ray actor). Only the requests of that batch are lost; `member` names it."""
+
+    def __init__(self, message: str, member: str):
+        super().__init__(message)
+        self.member = member
+
+    @classmethod
+    def of(cls, member: str, error: BaseException) -> MemberFailedError:
+        """The failure of `member`'s forward, said for the person who must act on it."""
+        if _out_of_memory(error):
+            advice = (
+                "it ran out of memory: serve fewer rows at once (--max-batch), shorter replies, "
+                "or give it a GPU of its own"
+            )
+        else:
+            advice = f"{type(error).__name__}: {error}"
+        lost = "The requests it was serving are lost."
+        return cls(f"Member {member!r} failed in its forward pass ({advice}). {lost}", member)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or "out of memory" in str(error)
+
+
 class ClosedError(EnsembleError, RuntimeError):
     """The ensemble or member was closed (`close()`): its models are released."""
 

@@ -143,7 +143,7 @@ class TokenizerMember(Member):
     def start(self, prompts: Mapping[RequestId, RenderedPrompt], boundary: Boundary) -> MemberSession:
         if self._closed:
             raise ClosedError(f"Member {self.name!r} was closed; load it again to use it.")
-        tree = TokenTree(self._backend(), {key: prompt.ids for key, prompt in prompts.items()})
+        tree = TokenTree(self._backend(), {key: prompt.ids for key, prompt in prompts.items()}, self.name)
         return TreeSession(
             self._vocab,
             tree,

@@ -38,7 +38,14 @@ from typing import Any
 
 import torch
 
-from ensemble_core.errors import ClosedError, ConfigError, GenerationError, ModelLoadError
+from ensemble_core.errors import (
+    ClosedError,
+    ConfigError,
+    EnsembleError,
+    GenerationError,
+    MemberFailedError,
+    ModelLoadError,
+)
 from ensemble_core.extras import require_extra
 from ensemble_core.members.base import TokenizerMember
 from ensemble_core.members.contract import (
@@ -68,10 +75,6 @@ from ensemble_core.members.wire import (
     wire_group_probs,
     wire_top,
 )
-
-
-class MemberFailedError(GenerationError):
-    """A member hosted elsewhere stopped answering (its Ray actor died)."""
 
 
 @dataclass(frozen=True)
@@ -349,10 +352,15 @@ class RayMember(TokenizerMember):
     def _ask(self, reference: Any, name: str | None = None, timeout: float | None = None) -> Any:
         """The result of a call on the actor; a dead actor becomes `MemberFailedError`."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
         try:
             return ray.get(reference, timeout=timeout)
+        except RayTaskError as error:  # the call raised in the actor: its own error, said on this side
+            cause = error.cause if isinstance(error.cause, BaseException) else error
+            if isinstance(cause, EnsembleError):
+                raise cause from None
+            raise MemberFailedError.of(name or self.name, cause) from error
         except GetTimeoutError:
             self._kill()
             raise ModelLoadError(
@@ -364,7 +372,8 @@ class RayMember(TokenizerMember):
             who = name or self.name
             raise MemberFailedError(
                 f"Member {who!r} (a Ray actor) died or could not start: {error}\n"
-                "Its running requests are lost. Call `member.restart()` to load it again in a new actor."
+                "Its running requests are lost. Call `member.restart()` to load it again in a new actor.",
+                who,
             ) from error
 
     def _loaded(self, name: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ensemble_core.errors import ConfigError
+from ensemble_core.errors import ConfigError, EnsembleError, MemberFailedError
 
 KEEP_HISTORY_LOGITS = 8  # history nodes nearest the head that keep their logits
 
@@ -172,10 +172,11 @@ class TokenTree:
         prompts: per request key, its prompt ids (non-empty).
     """
 
-    def __init__(self, backend: Backend, prompts: dict[int, Sequence[int]]):
+    def __init__(self, backend: Backend, prompts: dict[int, Sequence[int]], owner: str = "?"):
         if not prompts:
             raise ConfigError("A batch needs at least one prompt, but got none.")
         self.backend = backend
+        self.owner = owner  # the member's name, for the error when its forward fails
         self.stats = EvaluationStats()
         self.rows: list[Row] = []
         self._index: dict[int, int] = {}
@@ -353,7 +354,12 @@ class TokenTree:
         pending = self.pending()
         if not pending:
             return
-        self.backend.evaluate(self, pending)
+        try:
+            self.backend.evaluate(self, pending)
+        except EnsembleError:
+            raise
+        except Exception as error:  # out of memory, a driver error: the member's failure, named
+            raise MemberFailedError.of(self.owner, error) from error
         for nodes in pending.values():
             for node in nodes:
                 node.wanted = False

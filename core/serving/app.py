@@ -27,7 +27,7 @@ from ensemble_core.batching import Batcher, QueueFull, RequestTimeout, ShuttingD
 from ensemble_core.chat.reply import Reply, ReplyAssembler
 from ensemble_core.chat.request import ChatRequest, build_request
 from ensemble_core.ensemble import Ensemble
-from ensemble_core.errors import ConfigError, EnsembleError, TemplateError
+from ensemble_core.errors import ConfigError, EnsembleError, MemberFailedError, TemplateError
 from ensemble_core.results import GenerationResult, StreamChunk
 from ensemble_core.serving import openai_format as wire
 from ensemble_core.serving.observe import ObservingMiddleware, ServerMetrics
@@ -113,9 +113,13 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
     @app.get("/health")
     async def health() -> Any:
         running, waiting = batcher.load
-        status = "draining" if batcher.draining else "ok"  # a load balancer stops sending here
-        found = {"status": status, "model": served, "running": running, "waiting": waiting}
-        return JSONResponse(found, status_code=503 if batcher.draining else 200)
+        members = batcher.members.report()
+        # draining or a member that cannot be restarted: a load balancer stops sending here (503);
+        # a member whose last step failed ("degraded") may well serve the next one
+        unable = batcher.draining or batcher.members.any_dead
+        status = "draining" if batcher.draining else "dead member" if unable else _state_of(members)
+        found = {"status": status, "model": served, "running": running, "waiting": waiting, "members": members}
+        return JSONResponse(found, status_code=503 if unable else 200)
 
     @app.get("/metrics")
     async def prometheus() -> Response:  # open like /health: counts and timings, no content
@@ -286,6 +290,10 @@ class _Deliveries:
                 self.ticket.cancel()
 
 
+def _state_of(members: list[dict[str, Any]]) -> str:
+    return "ok" if all(member["state"] == "ok" for member in members) else "degraded"
+
+
 def _api_error_of(error: BaseException) -> ApiError:
     if isinstance(error, RequestTimeout):
         return ApiError(504, str(error), kind="timeout_error", code="timeout")
@@ -293,6 +301,8 @@ def _api_error_of(error: BaseException) -> ApiError:
         return ApiError(503, str(error), kind="server_error", code="shutting_down")
     if isinstance(error, (ConfigError, TemplateError)):
         return ApiError(400, str(error))
+    if isinstance(error, MemberFailedError):
+        return ApiError(503, str(error), kind="server_error", code="member_failed")
     if isinstance(error, EnsembleError):
         return ApiError(503, str(error), kind="server_error")
     return ApiError(500, f"Generation failed: {type(error).__name__}: {error}", kind="server_error")
