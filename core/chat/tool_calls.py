@@ -280,13 +280,14 @@ def forced_call_grammar(tools: Sequence[Mapping[str, Any]], name: str) -> Gramma
     """A forced call of tool `name` as a grammar: the call's fixed opening, then arguments valid
     under the tool's parameter schema, then the brace that closes the call (for methods that
     honour constraints: nothing is left to get wrong, and no reply prefix is needed). The
-    reply ends there: the closing tag is not written (templates make `</tool_call>` a special
+    reply ends there, or after one line break: the closing tag is not written (templates make `</tool_call>` a special
     token, which spells no text), and the parser reads an unclosed last call as closed."""
     parameters = dict(_function(tools, name).get("parameters") or {"type": "object"})
     if not parameters.get("properties"):
         parameters = {"type": "object", "properties": {}, "additionalProperties": False}
     opening = f'{CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
-    return Grammar(f'start: {json.dumps(opening)} arguments "}}"\narguments: {json_rule(parameters)}')
+    # the line break templates put before the closing tag may follow (models write it with the brace)
+    return Grammar(f'start: {json.dumps(opening)} arguments "}}" "\\n"?\narguments: {json_rule(parameters)}')
 
 
 def _function(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:

@@ -241,7 +241,7 @@ class _TokenRun(MethodRun):
                 continue
             generator = state.generators.get(request)
             choice = greedy if generator is None else own_choice(vocab, distribution, state.settings, generator)
-            if not _allowed_choice(state.constraints.get(request), choice):
+            if not allowed_choice(state.constraints.get(request), choice):
                 rest.append(request)  # the grammar rejects the primary's text: the ensemble decides
                 continue
             if choice.eos:
@@ -275,7 +275,7 @@ class _TokenRun(MethodRun):
         return ConstraintState(constraint, self.combiner.union)
 
 
-def _allowed_choice(constraint: ConstraintState | None, choice: Choice) -> bool:
+def allowed_choice(constraint: ConstraintState | None, choice: Choice) -> bool:
     """Whether a member's own choice may be committed under the request's constraint."""
     if constraint is None:
         return True

@@ -262,7 +262,20 @@ def test_a_bare_json_call_is_read_too(llm: EnsembleLLM, scripted: ScriptedEnsemb
     assert [s.tool_kwargs for s in llm.get_tool_calls_from_response(response)] == [{"a": 2, "b": 3}]
 
 
-def test_forcing_a_call_starts_the_reply_with_its_opening(llm: EnsembleLLM, scripted: ScriptedEnsemble) -> None:
+def test_forcing_a_call_is_a_grammar_for_methods_that_constrain(llm: EnsembleLLM, scripted: ScriptedEnsemble) -> None:
+    scripted.pieces = ['{"name": "multiply", "arguments": {"a":6,"b":7}}']
+    response = llm.chat_with_tools([MULTIPLY], user_msg="6 x 7?", tool_choice="multiply")
+    arguments = scripted.calls[-1][1]
+    assert arguments["constraint"] is not None and not arguments.get("reply_prefix")
+    (selection,) = llm.get_tool_calls_from_response(response)
+    assert (selection.tool_name, selection.tool_kwargs) == ("multiply", {"a": 6, "b": 7})
+
+
+def test_forcing_a_call_starts_the_reply_with_its_opening(
+    llm: EnsembleLLM, scripted: ScriptedEnsemble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method that cannot constrain (SweetSpan, SpecFuse) is made to call by its reply's start."""
+    monkeypatch.setattr(ScriptedEnsemble, "constrains", property(lambda self: False))
     scripted.pieces = ['a": 6, "b": 7}}\n']  # the members write only the arguments
     for forcing in ({"tool_required": True}, {"tool_choice": "multiply"}, {"tool_choice": "required"}):
         response = llm.chat_with_tools([MULTIPLY], user_msg="6 x 7?", **forcing)
