@@ -1,6 +1,6 @@
 """Who pulled an ensemble away from its best member? Each member's vote where a lost reply departs.
 
-    python benchmarks/explain_losses.py --config examples/eval-boundary.yaml \\
+    python benchmarks/explain_losses.py --config docs/results/boundary/config.yaml \\
         --configuration "gac(qwen+smol+gemma)"
 
 An evaluation's report (`losses.md`) shows, for each problem an ensemble lost to its best

@@ -10,11 +10,8 @@ Run: `python examples/langchain_rag.py` (after `make demo` has set everything up
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))
 
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser

