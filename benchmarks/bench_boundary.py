@@ -8,7 +8,7 @@ by someone else. After every byte the member is asked for its next step; its mos
 byte (the masses of every candidate grouped by its first byte) is compared with the true one.
 Cuts are split into "at a token boundary of that member" (its own tokenisation of the whole
 text has a boundary there) and "inside one of its tokens", with boundary="retokenize" (re-encode
-and predict the next whole token) and the default boundary="correct" (ALGORITHMS.md 6a). All
+and predict the next whole token) and the default boundary="correct" (docs/explanation/prompt-boundary.md). All
 texts of a member run as one batch (one forward per step). Greedy, bf16, 2 CPU threads.
 Goal: with the correction, accuracy inside tokens within 2 points of accuracy at boundaries.
 

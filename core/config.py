@@ -24,7 +24,7 @@ class GenerationSettings(BaseModel):
         seed: makes sampling reproducible; each prompt gets its own generator seeded with
             it, so a prompt's text does not depend on what else is in the batch.
         constraint: what the reply must match (`ensemble_core.constraints`: JSONSchema,
-            JSONObject, Regex, Choice, Grammar; docs/constraints.md); None: free text.
+            JSONObject, Regex, Choice, Grammar; docs/guides/constraints.md); None: free text.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

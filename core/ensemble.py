@@ -56,7 +56,7 @@ class Ensemble:
         method: a `Method` instance or a registry name ("single", "gac", "safe", ...).
         method_params: parameters for a method given by name.
         boundary: how members continue text they did not write: "correct" (default; the
-            prompt-boundary-correct distribution, ALGORITHMS.md 6a) or "retokenize" (re-encode
+            prompt-boundary-correct distribution, docs/explanation/prompt-boundary.md) or "retokenize" (re-encode
             the text and predict the next whole token, for comparison).
 
     The ensemble owns its members from here on: `close()` (or leaving a `with` block) releases
@@ -356,7 +356,7 @@ class Ensemble:
 
     @property
     def constrains(self) -> bool:
-        """Whether the method honours `constraint=` (docs/constraints.md)."""
+        """Whether the method honours `constraint=` (docs/guides/constraints.md)."""
         return self.binding.method.constraint_refusal is None
 
     @property

@@ -2,7 +2,7 @@
 
 The count is deterministic (it depends on the code path, not on timing), so it is pinned here
 per method: about one read per step for `Single`, a few for the token-level methods, a few more
-for SAFE and the span and segment methods (see docs/performance.md). The members are tiny
+for SAFE and the span and segment methods (see docs/guides/performance.md). The members are tiny
 random-weight models on the real Qwen, SmolLM2 and Gemma tokenizers, made decisive and endless
 (`reference.endless`): their odd text (byte pieces, rare tokens) takes the boundary-correction
 paths a real model takes only now and then, so these are the counts' hard cases.

@@ -1,6 +1,6 @@
 """Constrained decoding: replies that match a JSON schema, a regex, a choice or a grammar, for
 every member at once (decisions are made on texts, so one byte-level grammar serves every
-tokenizer). See docs/constraints.md.
+tokenizer). See docs/guides/constraints.md.
 
 Example::
 

@@ -1,5 +1,5 @@
 """What a reply must look like: JSON (any object, or one schema), a regex, one of some options,
-or a Lark grammar. Each kind compiles to an llguidance grammar (docs/constraints.md).
+or a Lark grammar. Each kind compiles to an llguidance grammar (docs/guides/constraints.md).
 
 Why llguidance: it is the matcher vLLM, SGLang, llama.cpp and transformers use; it reads JSON
 Schema, regexes and Lark directly; and it matches BYTES, token boundaries anywhere, so one

@@ -12,7 +12,7 @@ Units and shapes:
   prompt's reply so far, the shared state of a generation.
 * A *continuation* is what a member could add after the committed text. A member asked for its
   next step answers with `Continuations`: a distribution over its candidate continuations.
-  With prompt-boundary correction (ALGORITHMS.md 6a) some candidates come from tokens that
+  With prompt-boundary correction (docs/explanation/prompt-boundary.md) some candidates come from tokens that
   begin BEFORE the end of the committed text (Qwen at "...Gen" offers "er" from its token
   `Gener`); those are `PartialGroup`s. Without it, every candidate is a whole token.
 * Probabilities are float32 tensors on the member's device; they sum to 1 over all candidates.
@@ -48,7 +48,7 @@ class ScoreKind(enum.Enum):
 class Boundary(enum.Enum):
     """How a member continues committed text that does not end at one of its token boundaries.
 
-    CORRECT: the prompt-boundary-correct distribution (ALGORITHMS.md 6a): the member conditions on
+    CORRECT: the prompt-boundary-correct distribution (docs/explanation/prompt-boundary.md): the member conditions on
         a stable trunk of the text and sums over every way its tokenizer covers the rest.
     RETOKENIZE: the member re-encodes the text and predicts the next whole token (what wave 1
         did; kept for comparison).

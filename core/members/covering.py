@@ -1,5 +1,5 @@
 """Prompt-boundary correction: a member's distribution over continuations of text whose end is
-not where its tokenizer would put a token boundary (ALGORITHMS.md 6a; Hayase et al. 2025,
+not where its tokenizer would put a token boundary (docs/explanation/prompt-boundary.md; Hayase et al. 2025,
 "Sampling from your language model one byte at a time").
 
 Given the member's history (ids it keeps) and the committed bytes S it has not tokenised yet:

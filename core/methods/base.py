@@ -197,7 +197,7 @@ class Method(ABC):
     """Whether `weights` may be a rule ("auto", "prompt", "agreement") found per request; the
     front ends then default to "auto" (`loading.front_end_params`)."""
     constraint_refusal: ClassVar[str | None] = "it has no rule for constrained text yet"
-    """Why the method cannot honour a constraint (None: it can; docs/constraints.md)."""
+    """Why the method cannot honour a constraint (None: it can; docs/guides/constraints.md)."""
 
     def check_constraint(self, constraint: Any) -> None:
         """Raise `ConfigError` when a constraint is asked of a method that cannot honour it."""

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from ensemble_core.constraints.matcher import ConstraintState
 
 # Greedy shortcut: candidates are each member's top-k; k = 32 decides exactly in nearly every
-# step (ALGORITHMS.md section 8) and costs a fraction of a millisecond.
+# step (docs/explanation/methods.md#gac) and costs a fraction of a millisecond.
 SHORTCUT_TOP_K = 32
 _CHECK_ALL = 64  # a step's own texts checked one by one up to this many (see `Step.allowed`)
 _REJECTIONS = 8  # draws of own texts the grammar rejects before all of them are checked
@@ -400,7 +400,7 @@ class Step:
     # ------------------------------------------------------------------ combinations
 
     def full(self, weights: Sequence[float] | None = None) -> torch.Tensor:
-        """sum_i w_i p_i over every entry, float32 [size] (ALGORITHMS.md section 1); with
+        """sum_i w_i p_i over every entry, float32 [size] (docs/explanation/methods.md#gac); with
         one-hot `weights`, one member's whole distribution over the step's entries."""
         weights = self.weights if weights is None else weights
         for member in self.raw:

@@ -100,7 +100,7 @@ class SAFE(Method):
             pieces always, as the paper does.
     """
 
-    constraint_refusal = None  # every position is decided among allowed texts (docs/constraints.md)
+    constraint_refusal = None  # every position is decided among allowed texts (docs/guides/constraints.md)
 
     drafter: str | None = None
     draft_len: int = 5

@@ -1,4 +1,4 @@
-"""SpecFuse with model exit, and SpecEM's online (Hedge) weights (ALGORITHMS.md section 5)."""
+"""SpecFuse with model exit, and SpecEM's online (Hedge) weights (docs/explanation/methods.md#specfuse)."""
 
 from __future__ import annotations
 

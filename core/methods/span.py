@@ -1,4 +1,4 @@
-"""SweetSpan: span-level ensembling with filtered perplexity scores (ALGORITHMS.md section 4)."""
+"""SweetSpan: span-level ensembling with filtered perplexity scores (docs/explanation/methods.md#sweetspan)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prompt-boundary correction (ALGORITHMS.md 6a) against brute-force enumeration.
+"""Prompt-boundary correction (docs/explanation/prompt-boundary.md) against brute-force enumeration.
 
 A member's corrected probability of each continuation must equal what enumerating ALL its
 token sequences gives: every segmentation of the unstable remainder into its tokens that its

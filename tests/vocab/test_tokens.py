@@ -1,4 +1,4 @@
-"""token_bytes: the bytes each id spells, on real tokenizers of every family in MODELS.md."""
+"""token_bytes: the bytes each id spells, on real tokenizers of every family (docs/explanation/union-vocabulary.md)."""
 
 from __future__ import annotations
 
