@@ -196,7 +196,8 @@ def json_reply(response_format: Mapping[str, Any] | None) -> tuple[str, str]:
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
         return f"{_JSON_OBJECT_NOTE} It must follow this JSON schema:\n{json.dumps(schema)}", "{"
-    required = set(schema.get("required", ()))
+    listed = schema.get("required")
+    required = {name for name in listed if isinstance(name, str)} if isinstance(listed, list) else set()
     lines = [_key_line(key, spec, key in required) for key, spec in properties.items()]
     note = f"{_JSON_OBJECT_NOTE} The object has these keys:\n" + "\n".join(lines)
     first, first_spec = next(iter(properties.items()))

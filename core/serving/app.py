@@ -122,7 +122,9 @@ def create_app(ensemble: Ensemble, settings: ServeSettings | None = None) -> Fas
         return JSONResponse(found, status_code=503 if unable else 200)
 
     @app.get("/metrics")
-    async def prometheus() -> Response:  # open like /health: counts and timings, no content
+    async def prometheus(request: Request) -> Response:
+        # behind the API key like every route but /health (a scraper sends it: `authorization`)
+        _check_key(request, settings.api_key)
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

@@ -177,7 +177,7 @@ def _include_usage(body: Mapping[str, Any]) -> bool:
 
 def _core_message(message: Any, index: int) -> dict[str, Any]:
     where = f"messages[{index}]"
-    if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
+    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) or message["role"] not in _ROLES:
         raise ApiError(400, f"`{where}` must be an object with a role in {sorted(_ROLES)}.", param=where)
     item: dict[str, Any] = {"role": _ROLES[message["role"]], "content": _text(message.get("content"), where)}
     if message.get("name"):

@@ -230,7 +230,8 @@ def test_replies_carry_a_request_id_and_metrics_count_them(pair_server) -> None:
     assert made.headers["x-request-id"].startswith("req_")  # an id that is not sane is replaced
     refused = httpx.post(f"{base_url}/chat/completions", json={**body, "n": 2}, headers=headers)
     assert refused.status_code == 400 and refused.headers["x-request-id"].startswith("req_")
-    exposition = httpx.get(f"{root}/metrics").text  # open, like /health
+    assert httpx.get(f"{root}/metrics").status_code == 401  # only /health is open when a key is set
+    exposition = httpx.get(f"{root}/metrics", headers=headers).text
     counts = {
         line.split(" ")[0]: float(line.split(" ")[1]) for line in exposition.splitlines() if not line.startswith("#")
     }
