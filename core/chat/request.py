@@ -95,8 +95,9 @@ def build_request(
             (then `max_new_tokens` itself is unknown to that front end).
         constrains: whether the ensemble's method honours constraints (`Ensemble.constrains`),
             or a function that tells (asked after every check, like `pick_tool`): then a JSON
-            `response_format` and a forced tool call are enforced by a grammar; otherwise they
-            are asked for in the prompt and the reply is opened for the members.
+            `response_format`, a forced tool call and "auto" (text, or a well-formed call) are
+            enforced by a grammar; otherwise they are asked for in the prompt and the reply is
+            opened for the members.
 
     Raises:
         ConfigError: an unknown option or a bad value; the message names the field and the fix.
@@ -132,7 +133,8 @@ def build_request(
     )
     if note:
         prompt = with_system_note(prompt, note)
-    if plan.constraint is not None or plan.reply_prefix:  # a forced call comes first
+    # a forced call comes first; "auto" (text or a call) unless the reply must be JSON, which wins
+    if plan.reply_prefix or (plan.constraint is not None and (choice is not None or shape is None)):
         return ChatRequest(prompt, {**settings, "stop": plan.stop}, plan.tools, plan.reply_prefix, plan.constraint)
     if shape is not None:
         return ChatRequest(prompt, {**settings, "stop": plan.stop}, plan.tools, "", shape)

@@ -280,14 +280,34 @@ def forced_call_grammar(tools: Sequence[Mapping[str, Any]], name: str) -> Gramma
     """A forced call of tool `name` as a grammar: the call's fixed opening, then arguments valid
     under the tool's parameter schema, then the brace that closes the call (for methods that
     honour constraints: nothing is left to get wrong, and no reply prefix is needed). The
-    reply ends there, or after one line break: the closing tag is not written (templates make `</tool_call>` a special
-    token, which spells no text), and the parser reads an unclosed last call as closed."""
+    reply ends there, or after one line break: the closing tag is not written (templates make
+    `</tool_call>` a special token, which spells no text), and the parser reads an unclosed last
+    call as closed."""
+    return Grammar(f"start: call0\n{_call_rules(tools, name, 'call0')}")
+
+
+def auto_call_grammar(tools: Sequence[Mapping[str, Any]]) -> Grammar:
+    """tool_choice "auto" as a grammar with both branches: a text reply, or a reply that is one
+    well-formed call of one of `tools` (a known name, arguments valid under its schema; one
+    call, as with `forced_call_grammar`). The text never opens a call itself (`<tool_call>`
+    anywhere in it is refused), so every call is one the grammar wrote. A call after some text
+    is not offered: llguidance's lexer ends a text lexeme greedily and cannot hand its tail to
+    the call (docs/guides/constraints.md says so)."""
+    names = [t["function"]["name"] for t in tools]
+    calls = " | ".join(f"call{index}" for index in range(len(names)))
+    rules = "\n".join(_call_rules(tools, name, f"call{index}") for index, name in enumerate(names))
+    text = f"TEXT: /(?s:.+)/ & ~/(?s:.*{re.escape(CALL_OPEN)}.*)/"
+    return Grammar(f"start: TEXT? | call\ncall: {calls}\n{rules}\n{text}")
+
+
+def _call_rules(tools: Sequence[Mapping[str, Any]], name: str, rule: str) -> str:
+    """Lark rules `rule` (one call of tool `name`) and `rule_arguments` (its arguments)."""
     parameters = dict(_function(tools, name).get("parameters") or {"type": "object"})
     if not parameters.get("properties"):
         parameters = {"type": "object", "properties": {}, "additionalProperties": False}
     opening = f'{CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
     # the line break templates put before the closing tag may follow (models write it with the brace)
-    return Grammar(f'start: {json.dumps(opening)} arguments "}}" "\\n"?\narguments: {json_rule(parameters)}')
+    return f'{rule}: {json.dumps(opening)} {rule}_arguments "}}" "\\n"?\n{rule}_arguments: {json_rule(parameters)}'
 
 
 def _function(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
@@ -362,13 +382,16 @@ def plan_tools(
     `Ensemble.pick_tool`) before the call is forced: a small model left to write the name may
     invent one. Without `parallel_calls` generation stops after the first call (the parser
     reads the unclosed call as closed). With `constrain` (the method honours constraints), a
-    forced call is a grammar (`forced_call_grammar`) instead of a reply prefix.
+    forced call is a grammar (`forced_call_grammar`) instead of a reply prefix, and "auto" is
+    one too (`auto_call_grammar`: text, or one well-formed call).
     """
     offered = [dict(t) for t in tools] if tools and choice != "none" else None
     if offered and choice == "any":
         choice = pick_tool(offered) if len(offered) > 1 else offered[0]["function"]["name"]
     if constrain and offered and choice:
         return ToolPlan(offered, "", list(stop), forced_call_grammar(offered, choice))
+    if constrain and offered:  # "auto": text, or a call that cannot break
+        return ToolPlan(offered, "", list(stop), auto_call_grammar(offered))
     prefix = forced_call_prefix(offered, choice) if offered and choice else ""
     stops = [*stop, *([CALL_CLOSE] if offered and not parallel_calls else [])]
     if offered and choice and not _takes_arguments(_function(offered, choice)):

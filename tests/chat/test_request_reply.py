@@ -183,6 +183,34 @@ def test_with_a_method_that_constrains_json_and_forced_calls_become_grammars() -
         constrained({"response_format": {"type": "json_schema", "schema": {"not": {"type": "string"}}}})
 
 
+def test_auto_tool_choice_is_text_or_one_well_formed_call_with_a_method_that_constrains() -> None:
+    def constrained(options: dict[str, Any]) -> ChatRequest:
+        return build_request(USER, DEFAULTS, options, pick_tool=Picker(), served="m", caller="Front", constrains=True)
+
+    auto = constrained({"tools": [MULTIPLY, WEATHER]})
+    assert auto.reply_prefix == "" and isinstance(auto.constraint, Grammar)
+    check = ConstraintCheck(auto.constraint)
+    weather = '<tool_call>\n{"name": "weather", "arguments": {"city": "Lyon"}}'
+    multiply = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n'
+    for text in ("", "It is sunny in Lyon.", "<b>bold</b> <tool", weather, multiply):
+        assert check.accepts(text), text
+    refused = (
+        '<tool_call>\n{"name": "divide", "arguments": {}}',  # no such tool
+        '<tool_call>\n{"name": "weather", "arguments": {"city": 7}}',  # arguments off its schema
+        weather + "\nand more text",  # one call, and it ends the reply
+        "text that opens <tool_call> itself",
+        "Let me look. " + weather,  # a call is the whole reply (docs/guides/constraints.md)
+    )
+    for text in refused:
+        assert not check.accepts(text), text
+    # a JSON reply wins over "auto"; without tools, or with "none", there is no call to shape
+    assert isinstance(
+        constrained({"tools": [MULTIPLY], "response_format": {"type": "json_object"}}).constraint, JSONObject
+    )
+    assert constrained({"tools": [MULTIPLY], "tool_choice": "none"}).constraint is None
+    assert request({"tools": [MULTIPLY]}).constraint is None  # a method that cannot constrain: as before
+
+
 class ConstraintCheck:
     """Whole texts against a constraint, through llguidance over single bytes."""
 
