@@ -92,7 +92,10 @@ def in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
     it printed."""
     from llama_index.core import Settings
 
+    from ensemble_core.methods import METHODS
+
     saved_settings = dict(vars(Settings))
+    saved_methods = dict(METHODS)  # a snippet that registers a method must not leave it behind
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "argv", ["snippet"])
     monkeypatch.chdir(ROOT)
@@ -105,6 +108,8 @@ def in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
     yield run
     vars(Settings).clear()
     vars(Settings).update(saved_settings)
+    METHODS.clear()
+    METHODS.update(saved_methods)
 
 
 @pytest.fixture(scope="module")
