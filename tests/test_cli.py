@@ -92,6 +92,9 @@ def test_eval_compares_each_method_and_weighting_and_defaults_to_auto_weights() 
     assert [spec.label() for spec in _eval_config([*matrix, "--method", "unite"]).expanded()] == [
         "unite(qwen+smol) w=auto"
     ]
+    spans = _eval_config([*matrix, "--method", "sweetspan"])  # numbers only: equal, not an "auto" it refuses
+    spans.check()
+    assert [spec.label() for spec in spans.expanded()] == ["sweetspan(qwen+smol)"]
     numbers = _eval_config([*matrix, "--method", "gac", "--weights", "0.7,0.3"]).expanded()
     assert [spec.label() for spec in numbers] == ["gac(qwen+smol) w=0.7,0.3"]
 

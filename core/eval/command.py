@@ -119,7 +119,7 @@ def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
     params = method_params_option(args.method_params)
     if "weights" in params:
         raise ConfigError("Give the weights with --weights (repeat to compare), not in --method-params.")
-    weightings = [weights_option(text) for text in args.weights or ["auto"]]
+    given = [weights_option(text) for text in args.weights] if args.weights else None
     boundary = args.boundary or "correct"
     found = []
     for method in args.method:
@@ -127,6 +127,8 @@ def _configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
         if not _takes_weights(method):  # each member alone (single), or no weights (contrastive)
             found.append({**base, "params": {} if method.lower() == "single" else params})
             continue
+        # the front ends' default (`loading.front_end_params`): auto where the method finds weights
+        weightings = given or (["auto"] if _finds_weights(method) else ["equal"])
         for weighting in weightings:
             found.append({**base, "params": params, "weights": None if weighting == "equal" else weighting})
     return found
@@ -216,6 +218,15 @@ def calibrate(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{row.config}: {row.correct}/{row.total}\n")
     sys.stdout.write(f"chosen: {chosen.model_dump(exclude_defaults=True)}\nwritten: {target}\n")
     return 0
+
+
+def _finds_weights(method: str) -> bool:
+    """Whether a method (by name) takes a weights rule such as "auto" (SweetSpan and SpecFuse
+    take numbers only)."""
+    from ensemble_core.methods import METHODS
+
+    cls = METHODS.get(method.lower())
+    return cls is not None and cls.finds_weights
 
 
 def _takes_weights(method: str) -> bool:
